@@ -1,0 +1,1 @@
+"""One NumPyClient per algorithm, on the shared `BaseClient`."""

@@ -1,0 +1,22 @@
+"""Moving model state between torch modules and the NumPy arrays Flower carries."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+
+def get_arrays(model: nn.Module, prefix: str = "") -> list[np.ndarray]:
+    """State entries whose names start with `prefix`, as NumPy arrays in state_dict order."""
+    return [v.detach().cpu().numpy().copy() for k, v in model.state_dict().items()
+            if k.startswith(prefix)]
+
+
+def set_arrays(model: nn.Module, arrays: list[np.ndarray], prefix: str = "") -> None:
+    """Load arrays into the state entries whose names start with `prefix`, in order."""
+    keys = [k for k in model.state_dict() if k.startswith(prefix)]
+    if len(keys) != len(arrays):
+        raise ValueError(f"expected {len(keys)} arrays for '{prefix}*', got {len(arrays)}")
+    state = {k: torch.from_numpy(np.asarray(a)) for k, a in zip(keys, arrays, strict=True)}
+    model.load_state_dict(state, strict=not prefix)

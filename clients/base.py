@@ -1,0 +1,167 @@
+"""The shared NumPyClient: local SGD loop, persistent client state, G/P evaluation.
+
+An algorithm's client subclasses `BaseClient` and overrides only the hooks that differ:
+`load_global` (what it takes from the server), `local_train` (its objective), `upload`
+(what it sends back) and `personal_logits` (its personalized model). Everything else -
+batching, seeding, state, counting correct predictions - lives here once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord
+from flwr.client import NumPyClient
+from flwr.common import Context, RecordDict
+from torch import nn
+from torch.nn import functional as F
+
+from clients.arrays import get_arrays, set_arrays
+
+
+class LocalData(Protocol):
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    local_epochs: int
+    batch_size: int
+    lr: float
+    momentum: float
+    weight_decay: float
+    seed: int
+
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class BaseClient(NumPyClient):
+    """FedAvg behaviour; subclasses override the hooks."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        data: LocalData,
+        settings: TrainSettings,
+        partition_id: int,
+        context: Context | None = None,
+        algo: dict[str, Any] | None = None,
+        device: str = "cpu",
+    ) -> None:
+        self.device = torch.device(device)
+        self.model = model.to(self.device)
+        self.data = data
+        self.settings = settings
+        self.partition_id = partition_id
+        self.state: RecordDict = context.state if context is not None else RecordDict()
+        self.algo = algo or {}
+        self.generator = torch.Generator()
+
+    # ---- Flower API -------------------------------------------------------------------------
+    def get_properties(self, config: dict[str, Any]) -> dict[str, Any]:
+        return {"partition-id": self.partition_id, "num-train": len(self.data.y_train),
+                "num-test": len(self.data.y_test)}
+
+    def get_parameters(self, config: dict[str, Any]) -> list[np.ndarray]:
+        return self.upload()
+
+    def fit(self, parameters: list[np.ndarray], config: dict[str, Any]):
+        server_round = int(config.get("server-round", 0))
+        self.generator.manual_seed(self.settings.seed * 1_000_003 + server_round * 1009
+                                   + self.partition_id)
+        self.load_global(parameters)
+        self.model.train()
+        metrics = self.local_train(config) or {}
+        return self.upload(), self.num_train_examples(), {
+            "partition-id": self.partition_id, **metrics}
+
+    def evaluate(self, parameters: list[np.ndarray], config: dict[str, Any]):
+        self.load_global(parameters)
+        self.model.eval()
+        x, y = self.data.x_test.to(self.device), self.data.y_test.to(self.device)
+        with torch.no_grad():
+            logits_g = self.global_logits(x)
+            logits_p = self.personal_logits(x)
+            loss = F.cross_entropy(logits_g, y).item() if len(y) else 0.0
+        return loss, len(y), {
+            "partition-id": self.partition_id,
+            "correct-global": int((logits_g.argmax(1) == y).sum()),
+            "correct-personal": int((logits_p.argmax(1) == y).sum()),
+        }
+
+    # ---- hooks ------------------------------------------------------------------------------
+    def load_global(self, parameters: list[np.ndarray]) -> None:
+        """Take the server's arrays (default: the whole model)."""
+        set_arrays(self.model, parameters)
+
+    def local_train(self, config: dict[str, Any]) -> dict[str, Any] | None:
+        """Local objective (default: cross-entropy over all parameters)."""
+        loss = self.sgd_epochs(self.model.parameters(), self.ce_loss(self.model),
+                               self.settings.local_epochs)
+        return {"train-loss": loss}
+
+    def upload(self) -> list[np.ndarray]:
+        """Arrays sent to the server (default: the whole model)."""
+        return get_arrays(self.model)
+
+    def num_train_examples(self) -> int:
+        return len(self.data.y_train)
+
+    def global_logits(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x)
+
+    def personal_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """The personalized model's logits (default: the global model, so P = G)."""
+        return self.global_logits(x)
+
+    # ---- building blocks for subclasses -----------------------------------------------------
+    def ce_loss(self, module: Callable[[torch.Tensor], torch.Tensor]) -> LossFn:
+        return lambda x, y: F.cross_entropy(module(x), y)
+
+    def sgd_epochs(
+        self,
+        params: Iterable[nn.Parameter],
+        loss_fn: LossFn,
+        epochs: int,
+        x: torch.Tensor | None = None,
+        y: torch.Tensor | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
+    ) -> float:
+        """Minibatch SGD over (x, y) (default: the local train split); returns the mean loss.
+
+        Batches are index slices of in-memory tensors, shuffled by the client's seeded
+        generator: no DataLoader, no per-sample Python.
+        """
+        s = self.settings
+        x = (self.data.x_train if x is None else x).to(self.device)
+        y = (self.data.y_train if y is None else y).to(self.device)
+        opt = optimizer or torch.optim.SGD(list(params), lr=s.lr, momentum=s.momentum,
+                                           weight_decay=s.weight_decay)
+        total, batches = torch.zeros((), device=self.device), 0
+        for _ in range(epochs):
+            order = torch.randperm(len(y), generator=self.generator).to(self.device)
+            for start in range(0, len(y), s.batch_size):
+                idx = order[start:start + s.batch_size]
+                opt.zero_grad(set_to_none=True)
+                loss = loss_fn(x[idx], y[idx])
+                loss.backward()
+                opt.step()
+                total += loss.detach()
+                batches += 1
+        return float(total) / max(batches, 1)
+
+    def save_state(self, name: str, arrays: list[np.ndarray]) -> None:
+        """Keep arrays across rounds (Flower's per-node context state)."""
+        self.state[name] = ArrayRecord(numpy_ndarrays=arrays)
+
+    def load_state(self, name: str) -> list[np.ndarray] | None:
+        record = self.state.get(name)
+        return None if record is None else record.to_numpy_ndarrays()

@@ -1,0 +1,42 @@
+"""Flower ClientApp: one NumPyClient of the configured algorithm per message.
+
+The partition id comes from the node config (set by the simulation, or passed with
+`flower-supernode --node-config "partition-id=3 num-partitions=10 data-root=/data"`).
+Data is loaded and partitioned once per process and kept in memory.
+"""
+
+from __future__ import annotations
+
+import torch
+from flwr.client import Client, ClientApp
+from flwr.common import Context
+
+from fedapps.config import ConfigError
+from fedapps.data import federated_data
+from fedapps.registry import ALGORITHMS
+from fedapps.runtime import algo_params, config_from_run, make_model, select_device, train_settings
+
+
+def client_fn(context: Context) -> Client:
+    cfg = config_from_run(context.run_config)
+    node = context.node_config
+    if "partition-id" not in node:
+        raise ConfigError("node config: missing partition-id (flower-supernode --node-config "
+                          "\"partition-id=<i> num-partitions=<n>\")")
+    pid, n = int(node["partition-id"]), int(node.get("num-partitions", -1))
+    num_clients = int(cfg.federation["num-clients"])
+    if n != num_clients or not 0 <= pid < num_clients:
+        raise ConfigError(f"node config: partition-id={pid} num-partitions={n} does not fit "
+                          f"federation.num-clients={num_clients}")
+    if "data-root" in node:
+        cfg.data["data-root"] = str(node["data-root"])
+    torch.set_num_threads(int(node.get("num-threads", 1)))
+    device = select_device(cfg)
+    local = federated_data(cfg).client(pid, device)
+    spec = ALGORITHMS[cfg.algorithm]
+    client = spec.client(make_model(cfg), local, train_settings(cfg), pid, context=context,
+                         algo=algo_params(cfg), device=device)
+    return client.to_client()
+
+
+app = ClientApp(client_fn=client_fn)

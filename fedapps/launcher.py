@@ -1,0 +1,188 @@
+"""Run an experiment as a real Flower simulation on a SuperLink this process owns.
+
+Starts `flower-superlink --simulation` on free loopback ports with its own FLWR_HOME, submits
+the app with `flwr run --stream`, relays the progress lines, then asks the SuperLink for the
+run's final status (since `flwr run` exits 0 even when the run failed) and checks the results
+file. Every process it started is stopped on the way out, also on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import httpx
+
+APP_DIR = Path(__file__).resolve().parent.parent
+CONNECTION = "fedapps"
+
+
+def flower_env(home: Path) -> dict[str, str]:
+    """Environment for offline, quiet Flower processes (ARCHITECTURE.md pitfalls)."""
+    env = os.environ.copy()
+    env.update({
+        "FLWR_HOME": str(home),
+        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+        "FLWR_DISABLE_UPDATE_CHECK": "1",
+        "FLWR_TELEMETRY_ENABLED": "0",
+        "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
+        "PYTHONUNBUFFERED": "1",
+    })
+    return env
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def toml_string(value: str) -> str:
+    return json.dumps(value)  # a JSON string literal is a valid TOML basic string
+
+
+class LocalSuperLink:
+    """A `flower-superlink --simulation` process with its own FLWR_HOME and port."""
+
+    def __init__(self, workdir: Path, startup_timeout: float = 60.0) -> None:
+        self.home = workdir / "flwr-home"
+        self.log_path = workdir / "superlink.log"
+        self.port = free_port()
+        self.startup_timeout = startup_timeout
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def env(self) -> dict[str, str]:
+        return flower_env(self.home)
+
+    def __enter__(self) -> LocalSuperLink:
+        self.home.mkdir(parents=True, exist_ok=True)
+        (self.home / "config.toml").write_text(
+            f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
+            f'address = "{self.address}"\ninsecure = true\n')
+        cmd = ["flower-superlink", "--insecure", "--simulation", "--isolation", "subprocess",
+               "--disable-runtime-dependency-installation", "--host", "127.0.0.1",
+               "--port", str(self.port), "--database", str(self.home / "state.db")]
+        with open(self.log_path, "ab") as log_file:
+            self.process = subprocess.Popen(cmd, env=self.env(), stdout=log_file,
+                                            stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + self.startup_timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"flower-superlink exited with code {self.process.returncode};"
+                                   f" see {self.log_path}")
+            try:
+                if httpx.get(f"http://{self.address}/health", timeout=1.0).is_success:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+        self.stop()
+        raise RuntimeError(f"flower-superlink did not start within {self.startup_timeout:.0f}s;"
+                           f" see {self.log_path}")
+
+    def stop(self) -> None:
+        """Stop the SuperLink and everything it spawned (its process group)."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
+            try:
+                os.killpg(self.process.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                self.process.wait(timeout=wait)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def run_status(self, run_id: str) -> str:
+        """'finished:completed', 'finished:failed', ... as the SuperLink reports it."""
+        out = subprocess.run(["flwr", "ls", CONNECTION, "--run-id", run_id, "--format", "json"],
+                             env=self.env(), capture_output=True, text=True, timeout=60)
+        try:
+            runs = json.loads(out.stdout)["runs"]
+            return str(runs[0]["status"])
+        except (json.JSONDecodeError, KeyError, IndexError):
+            return f"unknown ({out.stdout.strip() or out.stderr.strip()})"
+
+
+def default_filter(line: str) -> bool:
+    """Lines worth showing a user: our progress lines, warnings and errors."""
+    if "default simulated SuperNodes" in line:  # flwr notice that does not apply to us
+        return False
+    return any(tag in line for tag in ("[fedapps]", "WARNING", "ERROR", "Error", "Traceback"))
+
+
+def submit(
+    link: LocalSuperLink,
+    run_config: dict[str, str],
+    num_supernodes: int,
+    cpus_per_client: int = 1,
+    gpus_per_client: float = 0.0,
+    show: Callable[[str], bool] = default_filter,
+    app_dir: Path = APP_DIR,
+) -> tuple[str | None, str]:
+    """Submit the app, stream its log until it ends; returns (run id, final status)."""
+    config_file = link.home / "run-config.toml"
+    config_file.write_text("".join(f"{k} = {toml_string(v)}\n" for k, v in run_config.items()))
+    federation = (f"num-supernodes={num_supernodes} client-resources-num-cpus={cpus_per_client:g}"
+                  f" client-resources-num-gpus={gpus_per_client:g}")
+    cmd = ["flwr", "run", str(app_dir), CONNECTION, "--stream", "--run-config", str(config_file),
+           "--federation-config", federation]
+    run_id = None
+    tail: list[str] = []
+    proc = subprocess.Popen(cmd, env=link.env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, bufsize=1)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if run_id is None and "Successfully started run" in line:
+            run_id = line.strip().split()[-1]
+        tail = [*tail[-20:], line]
+        if show(line):
+            sys.stdout.write(line)
+            sys.stdout.flush()
+    proc.wait()
+    if run_id is None:
+        sys.stderr.write("".join(tail))
+        return None, f"not started (flwr run exited {proc.returncode})"
+    return run_id, link.run_status(run_id)
+
+
+def run_experiment(
+    experiment: str,
+    overrides: Sequence[str],
+    num_supernodes: int,
+    run_dir: Path,
+    gpus_per_client: float = 0.0,
+    show: Callable[[str], bool] = default_filter,
+    keep_workdir: bool = False,
+) -> str:
+    """Run one experiment in a fresh SuperLink; returns the SuperLink's final status."""
+    run_config = {"experiment": experiment, "overrides": shlex.join(overrides),
+                  "output-dir": str(run_dir.parent), "run-name": run_dir.name}
+    workdir = Path(tempfile.mkdtemp(prefix="fedapps-"))
+    with LocalSuperLink(workdir) as link:
+        _, status = submit(link, run_config, num_supernodes, gpus_per_client=gpus_per_client,
+                           show=show)
+    if status != "finished:completed":
+        print(f"fedapps: run status {status}; SuperLink log: {link.log_path}", file=sys.stderr)
+    elif not keep_workdir:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return status

@@ -1,0 +1,88 @@
+"""Models split into `base` (feature extractor) and `head` (the last `head_depth` FC layers).
+
+Every model is a convolutional or flat feature stage followed by a stack of fully connected
+layers; the head depth says how many of those FC layers form the head (seed 000 section 2).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+from torch import nn
+
+from clients.arrays import get_arrays, set_arrays
+
+__all__ = ["MODELS", "SplitNet", "build_model", "fc_depth", "get_arrays", "set_arrays"]
+
+
+class SplitNet(nn.Module):
+    """forward(x) = head(base(x)); state_dict keys start with 'base.' or 'head.'."""
+
+    def __init__(self, base: nn.Module, head: nn.Module) -> None:
+        super().__init__()
+        self.base = base
+        self.head = head
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.base(x))
+
+
+def _fc_stack(dims: list[int], final_relu: bool) -> list[nn.Module]:
+    layers: list[nn.Module] = []
+    for i, (d_in, d_out) in enumerate(zip(dims[:-1], dims[1:], strict=True)):
+        layers.append(nn.Linear(d_in, d_out))
+        if final_relu or i < len(dims) - 2:
+            layers.append(nn.ReLU())
+    return layers
+
+
+def _split(features: nn.Module, in_shape: tuple[int, ...], hidden: list[int], num_classes: int,
+           head_depth: int) -> SplitNet:
+    with torch.no_grad():
+        flat = int(np.prod(features(torch.zeros(1, *in_shape)).shape[1:]))
+    dims = [flat, *hidden, num_classes]
+    n_fc = len(dims) - 1
+    if not 1 <= head_depth <= n_fc:
+        raise ValueError(f"head depth {head_depth} outside 1..{n_fc}")
+    cut = n_fc - head_depth  # FC layers that stay in the base
+    base = nn.Sequential(features, nn.Flatten(), *_fc_stack(dims[: cut + 1], final_relu=True))
+    head = nn.Sequential(*_fc_stack(dims[cut:], final_relu=False))
+    return SplitNet(base, head)
+
+
+def convnet(in_shape: tuple[int, int, int], num_classes: int, head_depth: int) -> SplitNet:
+    """FedDyn ConvNet: Conv5x5(64)-ReLU-Pool x2, FC 384, FC 192, FC C (seed 000 section 8)."""
+    features = nn.Sequential(
+        nn.Conv2d(in_shape[0], 64, 5), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(64, 64, 5), nn.ReLU(), nn.MaxPool2d(2))
+    return _split(features, in_shape, [384, 192], num_classes, head_depth)
+
+
+def mlp(in_shape: tuple[int, int, int], num_classes: int, head_depth: int) -> SplitNet:
+    """The seeds' DNN: input - 100 - C (3072-100-10 on CIFAR)."""
+    return _split(nn.Identity(), in_shape, [100], num_classes, head_depth)
+
+
+def digits_cnn(in_shape: tuple[int, int, int], num_classes: int, head_depth: int) -> SplitNet:
+    """A small CNN for 8x8 digits, with the same three-FC layout as the ConvNet."""
+    features = nn.Sequential(nn.Conv2d(in_shape[0], 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2))
+    return _split(features, in_shape, [128, 64], num_classes, head_depth)
+
+
+MODELS: dict[str, tuple[Callable[..., SplitNet], int]] = {
+    # name: (builder, number of FC layers = the largest head depth)
+    "convnet": (convnet, 3),
+    "mlp": (mlp, 2),
+    "digits-cnn": (digits_cnn, 3),
+}
+
+
+def fc_depth(name: str) -> int:
+    return MODELS[name][1]
+
+
+def build_model(name: str, in_shape: tuple[int, int, int], num_classes: int,
+                head_depth: int) -> SplitNet:
+    return MODELS[name][0](in_shape, num_classes, head_depth)

@@ -1,0 +1,103 @@
+"""The results contract: outputs/<run-name>/{config.yaml, results.json, metrics.csv, *.png}.
+
+Files are rewritten atomically after every round, so a crash loses at most the round in flight.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from fedapps.plots import plot_accuracy
+from fedapps.tracking import WandbTracker
+
+CSV_SKIP = ("fit_clients", "failure_reasons")
+
+
+def atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """Best and final G/P over the evaluated rounds (best G and best P may differ in round)."""
+    evaluated = [r for r in rounds if r.get("global_accuracy") is not None]
+
+    def best(key: str) -> float | None:
+        vals = [r[key] for r in evaluated if r.get(key) is not None]
+        return max(vals) if vals else None
+
+    last = evaluated[-1] if evaluated else {}
+    return {
+        "best_global_accuracy": best("global_accuracy"),
+        "best_personal_accuracy": best("personal_accuracy"),
+        "final_global_accuracy": last.get("global_accuracy"),
+        "final_personal_accuracy": last.get("personal_accuracy"),
+        "rounds_completed": len(rounds),
+        "total_bytes_down": sum(r["bytes_down"] for r in rounds),
+        "total_bytes_up": sum(r["bytes_up"] for r in rounds),
+        "total_failures": sum(r["failures"] for r in rounds),
+    }
+
+
+class ResultsWriter:
+    """Receives one record per round from the strategy and keeps the run directory current."""
+
+    def __init__(self, run_dir: Path, cfg: dict[str, Any], partition: dict[str, Any],
+                 num_rounds: int) -> None:
+        self.run_dir = run_dir
+        self.cfg = cfg
+        self.partition = partition
+        self.num_rounds = num_rounds
+        self.rounds: list[dict[str, Any]] = []
+        self.started = time.time()
+        self.status = "running"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write(run_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.create(cfg)))
+        self.tracker = WandbTracker(cfg, run_dir, run_dir.name)
+        self._write()
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            **summarize(self.rounds),
+            "wall_seconds": time.time() - self.started,
+            "emd": self.partition["emd"],
+            "min_client_samples": self.partition["min_client_samples"],
+            "status": self.status,
+        }
+
+    def _write(self) -> None:
+        doc = {"rounds": self.rounds, "summary": self.summary(), "partition": self.partition}
+        atomic_write(self.run_dir / "results.json", json.dumps(doc, indent=1))
+        if self.rounds:
+            columns = [k for k in self.rounds[0] if k not in CSV_SKIP]
+            buf = io.StringIO()
+            writer = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore")
+            writer.writeheader()
+            writer.writerows(self.rounds)
+            atomic_write(self.run_dir / "metrics.csv", buf.getvalue())
+
+    def on_round(self, record: dict[str, Any]) -> None:
+        self.rounds.append(record)
+        self.tracker.log_round(record)
+        if record["round"] >= self.num_rounds:
+            self.finish()
+        else:
+            self._write()
+
+    def finish(self) -> None:
+        self.status = "completed"
+        self._write()
+        plots = []
+        if self.cfg["output"]["plots"]:
+            title = f"{self.cfg['algorithm']} on {self.cfg['dataset']} ({self.run_dir.name})"
+            plots.append(plot_accuracy(self.rounds, title, self.run_dir / "accuracy.png"))
+        self.tracker.finish(self.summary(), plots)

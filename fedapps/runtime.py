@@ -1,0 +1,70 @@
+"""What the ServerApp and the ClientApp both derive from a run: config, model, device, seeds."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from omegaconf import DictConfig
+
+from clients.base import TrainSettings
+from fedapps.config import load_config, to_container, validate
+from fedapps.data import DATASETS
+from fedapps.models import SplitNet, build_model
+
+
+@lru_cache(maxsize=8)
+def _resolved(experiment: str, overrides: str) -> DictConfig:
+    cfg = load_config(experiment, overrides)
+    validate(cfg, check_data=False)  # nodes check their own data root when they load
+    return cfg
+
+
+def config_from_run(run_config: Mapping[str, Any]) -> DictConfig:
+    """The validated experiment config named by Flower's run config (cached per process)."""
+    cfg = _resolved(str(run_config.get("experiment", "quickstart")),
+                    str(run_config.get("overrides", "")))
+    cfg = cfg.copy()
+    if run_config.get("output-dir"):
+        cfg.output["output-dir"] = str(run_config["output-dir"])
+    if run_config.get("run-name"):
+        cfg.output["run-name"] = str(run_config["run-name"])
+    return cfg
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def select_device(cfg: DictConfig) -> str:
+    if cfg.device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return str(cfg.device)
+
+
+def make_model(cfg: DictConfig) -> SplitNet:
+    """The experiment's model, initialised from the experiment seed (same on every process)."""
+    info = DATASETS[cfg.dataset]
+    torch.manual_seed(int(cfg.seed))
+    return build_model(cfg.model.name, info.shape, info.num_classes, int(cfg.model["head-depth"]))
+
+
+def train_settings(cfg: DictConfig) -> TrainSettings:
+    t = cfg.train
+    return TrainSettings(int(t["local-epochs"]), int(t["batch-size"]), float(t.lr),
+                         float(t.momentum), float(t["weight-decay"]), int(cfg.seed))
+
+
+def algo_params(cfg: DictConfig) -> dict[str, Any]:
+    return to_container(cfg.algo)
+
+
+def run_dir(cfg: DictConfig) -> Path:
+    return Path(str(cfg.output["output-dir"])).expanduser().resolve() / str(cfg.output["run-name"])

@@ -1,0 +1,55 @@
+"""Flower ServerApp: builds the configured strategy around a results writer."""
+
+from __future__ import annotations
+
+import time
+from logging import INFO
+
+from flwr.common import Context, log
+from flwr.server import ServerApp, ServerAppComponents, ServerConfig
+
+from clients.arrays import get_arrays
+from fedapps.config import clients_per_round, data_root, to_container
+from fedapps.data import check_available, federated_data
+from fedapps.registry import ALGORITHMS
+from fedapps.results import ResultsWriter
+from fedapps.runtime import algo_params, config_from_run, make_model, run_dir, seed_everything
+
+
+def default_run_name(cfg) -> str:
+    return f"{cfg.experiment}-{cfg.algorithm}-s{cfg.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def server_fn(context: Context) -> ServerAppComponents:
+    cfg = config_from_run(context.run_config)
+    if not cfg.output["run-name"]:
+        cfg.output["run-name"] = default_run_name(cfg)
+    seed_everything(int(cfg.seed))
+    check_available(cfg.dataset, data_root(cfg), bool(cfg.data.download))
+    data = federated_data(cfg)
+    model = make_model(cfg)
+    out = run_dir(cfg)
+    writer = ResultsWriter(out, to_container(cfg), data.summary(), int(cfg.rounds))
+    fed = cfg.federation
+    log(INFO, "[fedapps] %s: %s on %s, %d clients (%d per round), %d rounds, EMD %.3f -> %s",
+        cfg.experiment, cfg.algorithm, cfg.dataset, fed["num-clients"], clients_per_round(cfg),
+        cfg.rounds, data.summary()["emd"], out)
+    strategy = ALGORITHMS[cfg.algorithm].strategy(
+        initial_arrays=get_arrays(model),
+        num_rounds=int(cfg.rounds),
+        num_clients=int(fed["num-clients"]),
+        clients_per_round=clients_per_round(cfg),
+        seed=int(cfg.seed),
+        min_fit_fraction=float(fed["min-fit-fraction"]),
+        eval_every=int(cfg.eval["eval-every"]),
+        algo=algo_params(cfg),
+        on_round=writer.on_round,
+    )
+    timeout = fed["round-timeout"]
+    return ServerAppComponents(
+        strategy=strategy,
+        config=ServerConfig(num_rounds=int(cfg.rounds),
+                            round_timeout=float(timeout) if timeout else None))
+
+
+app = ServerApp(server_fn=server_fn)

@@ -1,0 +1,1 @@
+"""One Flower Strategy per algorithm, on the shared `BaseStrategy`."""

@@ -1,0 +1,327 @@
+"""The shared Strategy: seeded sampling by partition id, update validation, all-client G/P
+evaluation, per-round bookkeeping (bytes, failures, time) and progress output.
+
+An algorithm's strategy subclasses `BaseStrategy` and overrides only the hooks that differ:
+`fit_arrays` (what a client receives), `aggregate` (how uploads combine), `fit_config`
+(extra per-round instructions) and `expected_upload` (what a valid upload looks like).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from logging import INFO, WARNING
+from typing import Any
+
+import numpy as np
+from flwr.common import (
+    EvaluateIns,
+    EvaluateRes,
+    FitIns,
+    FitRes,
+    GetPropertiesIns,
+    Parameters,
+    Scalar,
+    log,
+    ndarrays_to_parameters,
+    parameters_to_ndarrays,
+)
+from flwr.server.client_manager import ClientManager
+from flwr.server.client_proxy import ClientProxy
+from flwr.server.strategy import Strategy
+
+from strategies.aggregation import weighted_average
+
+
+@dataclass
+class Upload:
+    """One validated client update."""
+
+    partition_id: int
+    arrays: list[np.ndarray]
+    num_examples: int
+    metrics: dict[str, Scalar]
+
+
+@dataclass
+class RoundLog:
+    """What a round accumulates between configure_fit and the end of evaluation."""
+
+    round: int
+    started: float
+    fit_clients: list[int] = field(default_factory=list)
+    bytes_down: int = 0
+    bytes_up: int = 0
+    bytes_down_eval: int = 0
+    failures: int = 0
+    rejected: int = 0
+    failure_reasons: list[str] = field(default_factory=list)
+
+
+def parameters_nbytes(parameters: Parameters) -> int:
+    return sum(len(t) for t in parameters.tensors)
+
+
+def _percentiles(values: list[float], prefix: str) -> dict[str, float]:
+    if not values:
+        return {}
+    arr = np.asarray(values)
+    p10, p50, p90 = np.percentile(arr, [10, 50, 90])
+    return {f"{prefix}_p10": float(p10), f"{prefix}_p50": float(p50),
+            f"{prefix}_p90": float(p90), f"{prefix}_std": float(arr.std())}
+
+
+class BaseStrategy(Strategy):
+    """FedAvg behaviour plus everything every algorithm shares."""
+
+    def __init__(
+        self,
+        *,
+        initial_arrays: list[np.ndarray],
+        num_rounds: int,
+        num_clients: int,
+        clients_per_round: int,
+        seed: int,
+        min_fit_fraction: float = 0.5,
+        eval_every: int = 1,
+        algo: dict[str, Any] | None = None,
+        on_round: Callable[[dict[str, Any]], None] | None = None,
+        properties_timeout: float = 120.0,
+    ) -> None:
+        super().__init__()
+        self.global_arrays = [np.asarray(a) for a in initial_arrays]
+        self.num_rounds = num_rounds
+        self.num_clients = num_clients
+        self.clients_per_round = clients_per_round
+        self.seed = seed
+        self.min_fit_fraction = min_fit_fraction
+        self.eval_every = eval_every
+        self.algo = algo or {}
+        self.on_round = on_round
+        self.properties_timeout = properties_timeout
+        self.partition_of: dict[str, int] = {}  # node id (cid) -> partition id
+        self.current: RoundLog | None = None
+        self.round_seconds: list[float] = []
+
+    # ---- client identity and sampling ---------------------------------------------------------
+    def clients_by_partition(self, client_manager: ClientManager) -> dict[int, ClientProxy]:
+        """Connected clients keyed by partition id, asking each new node once."""
+        if not self.partition_of:
+            client_manager.wait_for(self.num_clients, timeout=int(self.properties_timeout))
+        proxies = client_manager.all()
+        unknown = [p for cid, p in proxies.items() if cid not in self.partition_of]
+        if unknown:
+            ins = GetPropertiesIns(config={})
+            with ThreadPoolExecutor(max_workers=min(32, len(unknown))) as pool:
+                answers = list(pool.map(
+                    lambda p: p.get_properties(ins, timeout=self.properties_timeout, group_id=0),
+                    unknown))
+            for proxy, res in zip(unknown, answers, strict=True):
+                pid = res.properties.get("partition-id")
+                if isinstance(pid, int) and 0 <= pid < self.num_clients:
+                    self.partition_of[proxy.cid] = pid
+                else:
+                    log(WARNING, "node %s reported partition-id %r; ignored", proxy.cid, pid)
+        by_pid: dict[int, ClientProxy] = {}
+        for cid, proxy in proxies.items():
+            if cid in self.partition_of:
+                by_pid[self.partition_of[cid]] = proxy  # a restarted node replaces its old id
+        return by_pid
+
+    def sample(self, server_round: int, available: Sequence[int]) -> list[int]:
+        """Seeded uniform sample without replacement; same seed and round -> same clients."""
+        rng = np.random.default_rng([self.seed, server_round])
+        pool = sorted(available)
+        k = min(self.clients_per_round, len(pool))
+        return sorted(int(p) for p in rng.choice(pool, size=k, replace=False))
+
+    # ---- hooks ------------------------------------------------------------------------------
+    def fit_config(self, server_round: int, partition_id: int) -> dict[str, Scalar]:
+        """Extra per-client fit instructions."""
+        return {}
+
+    def fit_arrays(self, server_round: int, partition_id: int) -> list[np.ndarray]:
+        """Arrays a client receives for training (default: the whole global model)."""
+        return self.global_arrays
+
+    def eval_arrays(self, server_round: int, partition_id: int) -> list[np.ndarray]:
+        """Arrays a client receives for evaluation (default: the whole global model)."""
+        return self.global_arrays
+
+    def expected_upload(self, partition_id: int) -> list[np.ndarray]:
+        """Arrays whose shapes and dtypes a valid upload must match."""
+        return self.global_arrays
+
+    def validate_metrics(self, metrics: dict[str, Scalar]) -> str | None:
+        """Reason to reject an upload's declared scalars, or None."""
+        return None
+
+    def aggregate(self, server_round: int, uploads: list[Upload]) -> list[np.ndarray]:
+        """New global arrays from the round's valid uploads (default: FedAvg)."""
+        return weighted_average([u.arrays for u in uploads], [u.num_examples for u in uploads])
+
+    # ---- Strategy API -----------------------------------------------------------------------
+    def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
+        return ndarrays_to_parameters(self.global_arrays)
+
+    def configure_fit(self, server_round: int, parameters: Parameters,
+                      client_manager: ClientManager) -> list[tuple[ClientProxy, FitIns]]:
+        self.current = RoundLog(server_round, time.perf_counter())
+        clients = self.clients_by_partition(client_manager)
+        chosen = self.sample(server_round, list(clients))
+        instructions = []
+        for pid in chosen:
+            params = ndarrays_to_parameters(self.fit_arrays(server_round, pid))
+            config: dict[str, Scalar] = {"server-round": server_round,
+                                         **self.fit_config(server_round, pid)}
+            instructions.append((clients[pid], FitIns(params, config)))
+            self.current.bytes_down += parameters_nbytes(params)
+        self.current.fit_clients = chosen
+        return instructions
+
+    def check_upload(self, res: FitRes) -> Upload | str:
+        """A valid Upload, or the reason the update is rejected (never raises)."""
+        pid = res.metrics.get("partition-id")
+        if not isinstance(pid, int):
+            return "missing partition-id"
+        try:
+            arrays = parameters_to_ndarrays(res.parameters)  # np.load(allow_pickle=False)
+        except Exception as err:  # malformed bytes from the network
+            return f"client {pid}: undecodable arrays ({type(err).__name__})"
+        expected = self.expected_upload(pid)
+        if len(arrays) != len(expected):
+            return f"client {pid}: {len(arrays)} arrays, expected {len(expected)}"
+        for i, (got, want) in enumerate(zip(arrays, expected, strict=True)):
+            if got.shape != want.shape or got.dtype != want.dtype:
+                return (f"client {pid}: array {i} is {got.dtype}{list(got.shape)}, expected "
+                        f"{want.dtype}{list(want.shape)}")
+            if got.dtype.kind == "f" and not np.all(np.isfinite(got)):
+                return f"client {pid}: array {i} has NaN or Inf"
+        if not isinstance(res.num_examples, int) or res.num_examples <= 0:
+            return f"client {pid}: num_examples={res.num_examples} must be > 0"
+        reason = self.validate_metrics(res.metrics)
+        if reason:
+            return f"client {pid}: {reason}"
+        return Upload(pid, arrays, res.num_examples, dict(res.metrics))
+
+    def aggregate_fit(
+        self,
+        server_round: int,
+        results: list[tuple[ClientProxy, FitRes]],
+        failures: list[tuple[ClientProxy, FitRes] | BaseException],
+    ) -> tuple[Parameters | None, dict[str, Scalar]]:
+        rlog = self.current or RoundLog(server_round, time.perf_counter())
+        uploads: list[Upload] = []
+        for _, res in results:
+            rlog.bytes_up += parameters_nbytes(res.parameters)
+            checked = self.check_upload(res)
+            if isinstance(checked, Upload):
+                uploads.append(checked)
+            else:
+                rlog.rejected += 1
+                rlog.failure_reasons.append(checked)
+                log(WARNING, "round %s: rejected update: %s", server_round, checked)
+        for failure in failures:
+            rlog.failures += 1
+            reason = repr(failure) if isinstance(failure, BaseException) else "client failed"
+            rlog.failure_reasons.append(reason[:200])
+        needed = max(1, int(np.ceil(self.min_fit_fraction * max(len(rlog.fit_clients), 1))))
+        if len(uploads) < needed:
+            log(WARNING, "round %s: %s valid updates, %s needed; global model unchanged",
+                server_round, len(uploads), needed)
+            return None, {}
+        uploads.sort(key=lambda u: u.partition_id)  # arrival order must not change the sum
+        self.global_arrays = self.aggregate(server_round, uploads)
+        return ndarrays_to_parameters(self.global_arrays), {}
+
+    def eval_due(self, server_round: int) -> bool:
+        return server_round % self.eval_every == 0 or server_round == self.num_rounds
+
+    def configure_evaluate(self, server_round: int, parameters: Parameters,
+                           client_manager: ClientManager
+                           ) -> list[tuple[ClientProxy, EvaluateIns]]:
+        if not self.eval_due(server_round):
+            self.finish_round(server_round, {})
+            return []
+        clients = self.clients_by_partition(client_manager)
+        instructions = []
+        for pid in sorted(clients):
+            params = ndarrays_to_parameters(self.eval_arrays(server_round, pid))
+            if self.current:
+                self.current.bytes_down_eval += parameters_nbytes(params)
+            instructions.append((clients[pid], EvaluateIns(params, {"server-round": server_round})))
+        return instructions
+
+    def aggregate_evaluate(
+        self,
+        server_round: int,
+        results: list[tuple[ClientProxy, EvaluateRes]],
+        failures: list[tuple[ClientProxy, EvaluateRes] | BaseException],
+    ) -> tuple[float | None, dict[str, Scalar]]:
+        metrics = self.evaluation_metrics([res for _, res in results])
+        metrics["eval_failures"] = len(failures)
+        self.finish_round(server_round, metrics)
+        return metrics.get("loss"), {k: v for k, v in metrics.items()
+                                     if isinstance(v, int | float)}
+
+    def evaluate(self, server_round: int, parameters: Parameters
+                 ) -> tuple[float, dict[str, Scalar]] | None:
+        return None
+
+    # ---- evaluation and bookkeeping -----------------------------------------------------------
+    @staticmethod
+    def evaluation_metrics(results: list[EvaluateRes]) -> dict[str, Any]:
+        """G and P as micro-averages over all clients' local test splits (evaluation contract)."""
+        n = sum(r.num_examples for r in results)
+        correct_g = sum(int(r.metrics["correct-global"]) for r in results)
+        correct_p = sum(int(r.metrics["correct-personal"]) for r in results)
+        loss = sum(r.loss * r.num_examples for r in results) / n if n else None
+        per_g = [int(r.metrics["correct-global"]) / r.num_examples for r in results
+                 if r.num_examples]
+        per_p = [int(r.metrics["correct-personal"]) / r.num_examples for r in results
+                 if r.num_examples]
+        return {
+            "global_accuracy": correct_g / n if n else None,
+            "personal_accuracy": correct_p / n if n else None,
+            "loss": loss,
+            "eval_clients": len(results),
+            "eval_samples": n,
+            **_percentiles(per_g, "global_client"),
+            **_percentiles(per_p, "personal_client"),
+        }
+
+    def finish_round(self, server_round: int, metrics: dict[str, Any]) -> None:
+        rlog = self.current or RoundLog(server_round, time.perf_counter())
+        seconds = time.perf_counter() - rlog.started
+        self.round_seconds.append(seconds)
+        record = {
+            "round": server_round,
+            "global_accuracy": metrics.pop("global_accuracy", None),
+            "personal_accuracy": metrics.pop("personal_accuracy", None),
+            "bytes_down": rlog.bytes_down,
+            "bytes_up": rlog.bytes_up,
+            "bytes_down_eval": rlog.bytes_down_eval,
+            "seconds": seconds,
+            "fit_clients": rlog.fit_clients,
+            "failures": rlog.failures + rlog.rejected,
+            "rejected_updates": rlog.rejected,
+            "failure_reasons": rlog.failure_reasons,
+            **metrics,
+        }
+        self.current = None
+        self.log_progress(record)
+        if self.on_round:
+            self.on_round(record)
+
+    def log_progress(self, record: dict[str, Any]) -> None:
+        def pct(v: float | None) -> str:
+            return "   -  " if v is None else f"{100 * v:5.2f}%"
+
+        r = record["round"]
+        eta = np.mean(self.round_seconds[-5:]) * (self.num_rounds - r)
+        log(INFO, "[fedapps] round %d/%d  G %s  P %s  fit %d/%d  failures %d  %.1fs  ETA %.0fs",
+            r, self.num_rounds, pct(record["global_accuracy"]), pct(record["personal_accuracy"]),
+            len(record["fit_clients"]) - record["failures"], len(record["fit_clients"]),
+            record["failures"], record["seconds"], eta)
