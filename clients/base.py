@@ -40,6 +40,8 @@ class TrainSettings:
     seed: int
 
 
+EVAL_BATCH = 512  # evaluation batch: bounds activation memory on small devices
+
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
@@ -87,14 +89,19 @@ class BaseClient(NumPyClient):
         self.load_global(parameters)
         self.model.eval()
         x, y = self.data.x_test.to(self.device), self.data.y_test.to(self.device)
+        loss_sum, correct_g, correct_p = 0.0, 0, 0
         with torch.no_grad():
-            logits_g = self.global_logits(x)
-            logits_p = self.personal_logits(x)
-            loss = F.cross_entropy(logits_g, y).item() if len(y) else 0.0
-        return loss, len(y), {
+            for start in range(0, len(y), EVAL_BATCH):
+                xb, yb = x[start:start + EVAL_BATCH], y[start:start + EVAL_BATCH]
+                logits_g = self.global_logits(xb)
+                logits_p = self.personal_logits(xb, logits_g)
+                loss_sum += float(F.cross_entropy(logits_g, yb, reduction="sum"))
+                correct_g += int((logits_g.argmax(1) == yb).sum())
+                correct_p += int((logits_p.argmax(1) == yb).sum())
+        return loss_sum / max(len(y), 1), len(y), {
             "partition-id": self.partition_id,
-            "correct-global": int((logits_g.argmax(1) == y).sum()),
-            "correct-personal": int((logits_p.argmax(1) == y).sum()),
+            "correct-global": correct_g,
+            "correct-personal": correct_p,
         }
 
     # ---- hooks ------------------------------------------------------------------------------
@@ -118,9 +125,9 @@ class BaseClient(NumPyClient):
     def global_logits(self, x: torch.Tensor) -> torch.Tensor:
         return self.model(x)
 
-    def personal_logits(self, x: torch.Tensor) -> torch.Tensor:
-        """The personalized model's logits (default: the global model, so P = G)."""
-        return self.global_logits(x)
+    def personal_logits(self, x: torch.Tensor, global_logits: torch.Tensor) -> torch.Tensor:
+        """The personalized model's logits (default: the global model's, so P = G)."""
+        return global_logits
 
     # ---- building blocks for subclasses -----------------------------------------------------
     def ce_loss(self, module: Callable[[torch.Tensor], torch.Tensor]) -> LossFn:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import time
 
@@ -16,7 +17,8 @@ def _parser() -> argparse.ArgumentParser:
     for name, text in (("run", "run an experiment as a Flower simulation"),
                        ("validate", "resolve and check an experiment's config, print it")):
         s = sub.add_parser(name, help=text)
-        s.add_argument("experiment", help=f"preset in conf/experiment: {', '.join(available('experiment'))}")
+        presets = ", ".join(available("experiment"))
+        s.add_argument("experiment", help=f"preset in conf/experiment: {presets}")
         s.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                        help="override a config key, e.g. --set rounds=5 --set data.alpha=0.5")
         if name == "run":
@@ -77,8 +79,13 @@ def _show(line: str) -> bool:
     return default_filter(line)
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # so the launcher's cleanup stops the SuperLink it started
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         if args.command == "list":
             for kind in ("experiment", "dataset", "algorithm"):

@@ -125,7 +125,8 @@ def _number(cfg: DictConfig, key: str) -> Any:
 
 def _integer(cfg: DictConfig, key: str, minimum: int) -> int:
     value = OmegaConf.select(cfg, key)
-    _require(isinstance(value, int) and not isinstance(value, bool), key, value, "must be an integer")
+    is_int = isinstance(value, int) and not isinstance(value, bool)
+    _require(is_int, key, value, "must be an integer")
     _require(value >= minimum, key, value, f"must be >= {minimum}")
     return int(value)
 

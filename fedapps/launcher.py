@@ -36,6 +36,9 @@ def flower_env(home: Path) -> dict[str, str]:
         "FLWR_DISABLE_UPDATE_CHECK": "1",
         "FLWR_TELEMETRY_ENABLED": "0",
         "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
+        # Single-machine simulation: keep Ray's services on 127.0.0.1 (this switch makes Ray
+        # use the loopback address instead of the machine's network interface).
+        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
         "PYTHONUNBUFFERED": "1",
     })
     return env
@@ -125,8 +128,8 @@ class LocalSuperLink:
 
 def default_filter(line: str) -> bool:
     """Lines worth showing a user: our progress lines, warnings and errors."""
-    if "default simulated SuperNodes" in line:  # flwr notice that does not apply to us
-        return False
+    if "default simulated SuperNodes" in line or "Manually terminating" in line:
+        return False  # flwr notices that are expected and say nothing about the run
     return any(tag in line for tag in ("[fedapps]", "WARNING", "ERROR", "Error", "Traceback"))
 
 

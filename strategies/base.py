@@ -212,7 +212,7 @@ class BaseStrategy(Strategy):
         results: list[tuple[ClientProxy, FitRes]],
         failures: list[tuple[ClientProxy, FitRes] | BaseException],
     ) -> tuple[Parameters | None, dict[str, Scalar]]:
-        rlog = self.current or RoundLog(server_round, time.perf_counter())
+        rlog = self.round_log(server_round)
         uploads: list[Upload] = []
         for _, res in results:
             rlog.bytes_up += parameters_nbytes(res.parameters)
@@ -292,8 +292,14 @@ class BaseStrategy(Strategy):
             **_percentiles(per_p, "personal_client"),
         }
 
+    def round_log(self, server_round: int) -> RoundLog:
+        """The open round's log (opened here if configure_fit did not run, e.g. in tests)."""
+        if self.current is None or self.current.round != server_round:
+            self.current = RoundLog(server_round, time.perf_counter())
+        return self.current
+
     def finish_round(self, server_round: int, metrics: dict[str, Any]) -> None:
-        rlog = self.current or RoundLog(server_round, time.perf_counter())
+        rlog = self.round_log(server_round)
         seconds = time.perf_counter() - rlog.started
         self.round_seconds.append(seconds)
         record = {

@@ -161,5 +161,5 @@ def load_pool(name: str, root: Path, download: bool = False) -> Pool:
         x, y = _torchvision(name, tv_root, download)
         num_train = {"cifar10": 50000, "cifar100": 50000, "emnist": 112800}.get(name, 60000)
     if x.shape[1:] != info.shape:
-        raise ValueError(f"dataset {name}: expected images of shape {info.shape}, got {x.shape[1:]}")
+        raise ValueError(f"dataset {name}: images of shape {x.shape[1:]}, expected {info.shape}")
     return Pool(torch.from_numpy(x), torch.from_numpy(y), num_train, info.num_classes)

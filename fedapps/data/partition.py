@@ -29,11 +29,7 @@ def partition_indices(
     min_size: int = 10,
 ) -> list[np.ndarray]:
     """Indices (into `labels`) of each client's data, for scheme iid | dirichlet | shards."""
-    from flwr_datasets.partitioner import (
-        DirichletPartitioner,
-        IidPartitioner,
-        PathologicalPartitioner,
-    )
+    from flwr_datasets.partitioner import IidPartitioner, PathologicalPartitioner
 
     if num_clients > len(labels):
         raise ConfigError(
@@ -41,11 +37,7 @@ def partition_indices(
     if scheme == "iid":
         part = IidPartitioner(num_partitions=num_clients)
     elif scheme == "dirichlet":
-        # Seeds 000/001 (DECISIONS): per-class proportions ~ Dir(alpha * 1_N), redrawn until
-        # every client holds >= min_size samples; no self-balancing.
-        part = DirichletPartitioner(
-            num_partitions=num_clients, partition_by="label", alpha=alpha,
-            min_partition_size=min_size, self_balancing=False, shuffle=True, seed=seed)
+        return _dirichlet(labels, num_clients, seed, alpha, min_size)
     elif scheme == "shards":
         part = PathologicalPartitioner(
             num_partitions=num_clients, partition_by="label",
@@ -53,20 +45,41 @@ def partition_indices(
             class_assignment_mode="first-deterministic", shuffle=True, seed=seed)
     else:
         raise ConfigError(f"data.partitioner={scheme!r}: allowed: dirichlet, iid, shards")
-    part.dataset = _label_dataset(labels)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:
-            parts = [np.asarray(part.load_partition(i)["idx"], dtype=np.int64)
-                     for i in range(num_clients)]
-        except ValueError as err:
-            raise ConfigError(
-                f"data.alpha={alpha}: could not give every one of {num_clients} clients "
-                f"data.min-size={min_size} samples ({err})") from None
+    parts = _load_all(part, labels, num_clients)
     if scheme == "iid":  # IidPartitioner splits contiguously: shuffle the assignment by seed
         perm = np.random.default_rng(seed).permutation(len(labels))
         parts = [perm[p] for p in parts]
     return parts
+
+
+def _load_all(partitioner, labels: np.ndarray, num_clients: int) -> list[np.ndarray]:
+    partitioner.dataset = _label_dataset(labels)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # flwr-datasets warns on every Dirichlet redraw
+        return [np.asarray(partitioner.load_partition(i)["idx"], dtype=np.int64)
+                for i in range(num_clients)]
+
+
+def _dirichlet(labels: np.ndarray, num_clients: int, seed: int, alpha: float, min_size: int,
+               attempts: int = 20) -> list[np.ndarray]:
+    """Seeds 000/001 (DECISIONS): per-class proportions ~ Dir(alpha * 1_N), redrawn until every
+    client holds >= min_size samples; no self-balancing. flwr-datasets redraws 10 times per
+    seed, so we continue with derived seeds (deterministic) before giving up."""
+    from flwr_datasets.partitioner import DirichletPartitioner
+
+    for attempt in range(attempts):
+        part = DirichletPartitioner(
+            num_partitions=num_clients, partition_by="label", alpha=alpha,
+            min_partition_size=min_size, self_balancing=False, shuffle=True,
+            seed=seed + 1_000_003 * attempt)
+        try:
+            return _load_all(part, labels, num_clients)
+        except ValueError:
+            continue
+    raise ConfigError(
+        f"data.alpha={alpha}: no Dirichlet draw gave all {num_clients} clients "
+        f"data.min-size={min_size} samples in {attempts * 10} tries; raise alpha or lower "
+        "min-size/num-clients")
 
 
 def split_train_test(

@@ -1,0 +1,1 @@
+"""Experiment grids, reproduction tables and benchmarks built on fedapps (see the issues)."""

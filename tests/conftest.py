@@ -1,0 +1,28 @@
+"""Shared test settings: a private cache, the offline data at ../shared/data, no network."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    os.environ.setdefault("FEDAPPS_CACHE", str(Path(config.rootpath) / ".pytest_cache" / "fedapps"))
+    os.environ["WANDB_MODE"] = os.environ.get("WANDB_MODE", "offline")
+    os.environ["WANDB_SILENT"] = "true"
+    if SHARED_DATA.is_dir():
+        os.environ.setdefault("FEDAPPS_DATA_ROOT", str(SHARED_DATA))
+
+
+def has_dataset(folder: str) -> bool:
+    return (SHARED_DATA / folder / "raw").is_dir()
+
+
+needs_fmnist = pytest.mark.skipif(not has_dataset("FashionMNIST"),
+                                  reason="FashionMNIST not found under ../shared/data")
+needs_mnist = pytest.mark.skipif(not has_dataset("MNIST"),
+                                 reason="MNIST not found under ../shared/data")

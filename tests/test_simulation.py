@@ -1,0 +1,55 @@
+"""End to end: a real Flower simulation (own SuperLink, Ray backend) on the embedded digits."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+KEYS = ("round", "global_accuracy", "personal_accuracy", "bytes_down", "bytes_up", "seconds",
+        "fit_clients", "failures")
+SUMMARY = ("best_global_accuracy", "best_personal_accuracy", "final_global_accuracy",
+           "final_personal_accuracy", "wall_seconds", "emd")
+
+
+def run_cli(tmp_path, name, *extra):
+    cmd = [sys.executable, "-m", "fedapps.cli", "run", "quickstart", "--set", "rounds=3",
+           "--set", f"output.output-dir={tmp_path}", "--set", f"output.run-name={name}", *extra]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc, json.loads((tmp_path / name / "results.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def first_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("sim")
+    return tmp, *run_cli(tmp, "a")
+
+
+def test_simulation_writes_the_results_contract(first_run):
+    tmp, proc, doc = first_run
+    assert "round 3/3" in proc.stdout and "results in" in proc.stdout
+    assert [r["round"] for r in doc["rounds"]] == [1, 2, 3]
+    for r in doc["rounds"]:
+        assert all(k in r for k in KEYS)
+        assert r["bytes_down"] > 0 and r["bytes_up"] > 0 and r["failures"] == 0
+        assert len(r["fit_clients"]) == 5  # 10 clients, fraction 0.5
+        assert r["eval_clients"] == 10  # every client evaluates, not only the trained ones
+    s = doc["summary"]
+    assert all(k in s for k in SUMMARY) and s["status"] == "completed"
+    assert s["final_global_accuracy"] > 0.3  # chance is 0.1; 3 rounds of FedAvg on digits
+    assert s["final_personal_accuracy"] == s["final_global_accuracy"]  # FedAvg: P = G
+    # the whole pool is evaluated: local test splits add up to ~25% of 1,797 digits
+    assert doc["rounds"][-1]["eval_samples"] == sum(doc["partition"]["test_sizes"])
+    for f in ("config.yaml", "metrics.csv", "accuracy.png"):
+        assert (tmp / "a" / f).is_file()
+
+
+def test_same_seed_gives_the_same_numbers(first_run, tmp_path):
+    _, _, doc_a = first_run
+    _, doc_b = run_cli(tmp_path, "b")
+    for ra, rb in zip(doc_a["rounds"], doc_b["rounds"], strict=True):
+        assert ra["global_accuracy"] == rb["global_accuracy"]
+        assert ra["fit_clients"] == rb["fit_clients"]
