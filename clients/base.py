@@ -2,7 +2,7 @@
 
 An algorithm's client subclasses `BaseClient` and overrides only the hooks that differ:
 `load_global` (what it takes from the server), `local_train` (its objective), `upload`
-(what it sends back) and `personal_logits` (its personalized model). Everything else -
+(what it sends back) and `predict` (global and personalized logits). Everything else -
 batching, seeding, state, counting correct predictions - lives here once.
 """
 
@@ -93,8 +93,7 @@ class BaseClient(NumPyClient):
         with torch.no_grad():
             for start in range(0, len(y), EVAL_BATCH):
                 xb, yb = x[start:start + EVAL_BATCH], y[start:start + EVAL_BATCH]
-                logits_g = self.global_logits(xb)
-                logits_p = self.personal_logits(xb, logits_g)
+                logits_g, logits_p = self.predict(xb)
                 loss_sum += float(F.cross_entropy(logits_g, yb, reduction="sum"))
                 correct_g += int((logits_g.argmax(1) == yb).sum())
                 correct_p += int((logits_p.argmax(1) == yb).sum())
@@ -122,12 +121,10 @@ class BaseClient(NumPyClient):
     def num_train_examples(self) -> int:
         return len(self.data.y_train)
 
-    def global_logits(self, x: torch.Tensor) -> torch.Tensor:
-        return self.model(x)
-
-    def personal_logits(self, x: torch.Tensor, global_logits: torch.Tensor) -> torch.Tensor:
-        """The personalized model's logits (default: the global model's, so P = G)."""
-        return global_logits
+    def predict(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits of the global and of the personalized model (default: the same, so P = G)."""
+        logits = self.model(x)
+        return logits, logits
 
     # ---- building blocks for subclasses -----------------------------------------------------
     def ce_loss(self, module: Callable[[torch.Tensor], torch.Tensor]) -> LossFn:

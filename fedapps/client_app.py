@@ -32,8 +32,8 @@ def client_fn(context: Context) -> Client:
         cfg.data["data-root"] = str(node["data-root"])
     torch.set_num_threads(int(node.get("num-threads", 1)))
     device = select_device(cfg)
-    local = federated_data(cfg).client(pid, device)
     spec = ALGORITHMS[cfg.algorithm]
+    local = spec.client_data(cfg, federated_data(cfg), pid, device)
     client = spec.client(make_model(cfg), local, train_settings(cfg), pid, context=context,
                          algo=algo_params(cfg), device=device)
     return client.to_client()

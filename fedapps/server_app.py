@@ -36,6 +36,7 @@ def server_fn(context: Context) -> ServerAppComponents:
         cfg.rounds, data.summary()["emd"], out)
     strategy = ALGORITHMS[cfg.algorithm].strategy(
         initial_arrays=get_arrays(model),
+        array_names=list(model.state_dict()),
         num_rounds=int(cfg.rounds),
         num_clients=int(fed["num-clients"]),
         clients_per_round=clients_per_round(cfg),

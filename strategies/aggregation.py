@@ -25,3 +25,13 @@ def weighted_average(models: Sequence[Sequence[np.ndarray]], weights: Sequence[f
                                                                                  strict=True))
         out.append(np.asarray(acc).astype(layers[0].dtype, copy=False))
     return out
+
+
+def split_average(models: Sequence[Sequence[np.ndarray]], is_base: Sequence[bool],
+                  base_weights: Sequence[float], head_weights: Sequence[float]
+                  ) -> list[np.ndarray]:
+    """FedReb/FedReG split aggregation (seed 000 eqs. 3.9-3.10, seed 001 eqs. 4-5): base layers
+    averaged with `base_weights` (n_orig), head layers with `head_weights` (n_eff)."""
+    by_base = weighted_average(models, base_weights)
+    by_head = weighted_average(models, head_weights)
+    return [b if base else h for b, h, base in zip(by_base, by_head, is_base, strict=True)]

@@ -80,6 +80,7 @@ class BaseStrategy(Strategy):
         self,
         *,
         initial_arrays: list[np.ndarray],
+        array_names: list[str] | None = None,
         num_rounds: int,
         num_clients: int,
         clients_per_round: int,
@@ -92,6 +93,8 @@ class BaseStrategy(Strategy):
     ) -> None:
         super().__init__()
         self.global_arrays = [np.asarray(a) for a in initial_arrays]
+        # state_dict names of the arrays ("base.*" / "head.*"), for split aggregation
+        self.array_names = array_names or [f"array.{i}" for i in range(len(initial_arrays))]
         self.num_rounds = num_rounds
         self.num_clients = num_clients
         self.clients_per_round = clients_per_round

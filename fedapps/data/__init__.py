@@ -10,9 +10,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -21,6 +23,8 @@ from omegaconf import DictConfig
 from fedapps.config import data_root
 from fedapps.data.datasets import DATASETS, Pool, cache_dir, check_available, load_pool
 from fedapps.data.partition import class_counts, emd, partition_indices, split_train_test
+
+T = TypeVar("T")
 
 __all__ = ["DATASETS", "ClientData", "FederatedData", "check_available", "federated_data"]
 
@@ -43,6 +47,13 @@ class FederatedData:
     train_idx: list[np.ndarray]
     test_idx: list[np.ndarray]
     _clients: dict[tuple[int, str], ClientData] = field(default_factory=dict, repr=False)
+    _memo: dict[tuple, object] = field(default_factory=dict, repr=False)
+
+    def memo(self, key: tuple, make: Callable[[], T]) -> T:
+        """Per-process cache for data derived from this partition (e.g. rebalanced sets)."""
+        if key not in self._memo:
+            self._memo[key] = make()
+        return self._memo[key]  # type: ignore[return-value]
 
     @property
     def num_clients(self) -> int:

@@ -1,0 +1,100 @@
+"""FedReb / FedReG client (seed 000 Algorithm 2, seed 001 section 3, DECISIONS).
+
+The model's `head` is H1, the global head; H2 is a personal head of the same shape that never
+leaves the client. Per local epoch:
+- stage 1 on the original data D_o: CE(H1(z) + H2(z)), updating base and H2 (H1 is not stepped,
+  though gradients flow through it);
+- stage 2 on the rebalanced data D_r: CE(H1(z)), updating base and H1.
+Each stage has its own SGD optimizer, rebuilt every round, so no momentum leaks between stages.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Protocol
+
+import torch
+from torch.nn import functional as F
+
+from clients.arrays import get_arrays, set_arrays
+from clients.base import BaseClient, LocalData
+
+H2_STATE = "fedreb-h2"
+
+
+class RebalancedData(LocalData, Protocol):
+    """Local data plus the client's rebalanced set."""
+
+    x_reb: torch.Tensor
+    y_reb: torch.Tensor
+    n_eff: int
+
+
+class FedRebClient(BaseClient):
+    """Base + H1 (aggregated) + H2 (personal); uploads base + H1 with n_orig and n_eff."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # H2 starts as the initial head (the seeded model every process builds), so a client
+        # that has never trained still has a defined personal head (DECISIONS).
+        self.h2 = copy.deepcopy(self.model.head)
+        saved = self.load_state(H2_STATE)
+        if saved is not None:
+            set_arrays(self.h2, saved)
+        self.ablation = str(self.algo.get("ablation", "none"))
+        self.stage_order = str(self.algo.get("stage-order", "interleaved"))
+
+    # ---- the two stages ------------------------------------------------------------------
+    def stage1(self, optimizer: torch.optim.Optimizer, epochs: int = 1) -> float:
+        """CE(H1 + H2) on D_o; the optimizer holds base + H2 only (ablation b: base + H1)."""
+        base, h1, h2 = self.model.base, self.model.head, self.h2
+        if self.ablation == "b":  # no extra head: one head, trained on D_o then on D_r
+            return self.sgd_epochs([], self.ce_loss(self.model), epochs, optimizer=optimizer)
+
+        def loss(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            z = base(x)
+            return F.cross_entropy(h1(z) + h2(z), y)
+
+        return self.sgd_epochs([], loss, epochs, optimizer=optimizer)
+
+    def stage2(self, optimizer: torch.optim.Optimizer, epochs: int = 1) -> float:
+        """CE(H1) on D_r (ablation c: on D_o); the optimizer holds base + H1."""
+        data: RebalancedData = self.data  # type: ignore[assignment]
+        x, y = (None, None) if self.ablation == "c" else (data.x_reb, data.y_reb)
+        return self.sgd_epochs([], self.ce_loss(self.model), epochs, x=x, y=y,
+                               optimizer=optimizer)
+
+    def local_train(self, config: dict[str, Any]) -> dict[str, Any]:
+        s = self.settings
+        self.h2.to(self.device).train()
+
+        def sgd(params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+            return torch.optim.SGD(params, lr=s.lr, momentum=s.momentum,
+                                   weight_decay=s.weight_decay)
+
+        base = list(self.model.base.parameters())
+        h1 = list(self.model.head.parameters())
+        opt1 = sgd(base + (h1 if self.ablation == "b" else list(self.h2.parameters())))
+        opt2 = sgd(base + h1)
+        with_stage1 = self.ablation != "d"
+        losses = {"stage1-loss": 0.0, "stage2-loss": 0.0}
+        if self.stage_order == "sequential":
+            if with_stage1:
+                losses["stage1-loss"] = self.stage1(opt1, s.local_epochs)
+            losses["stage2-loss"] = self.stage2(opt2, s.local_epochs)
+        else:
+            for _ in range(s.local_epochs):
+                if with_stage1:
+                    losses["stage1-loss"] = self.stage1(opt1)
+                losses["stage2-loss"] = self.stage2(opt2)
+        self.model.zero_grad(set_to_none=True)  # H1 collected gradients in stage 1: drop them
+        self.save_state(H2_STATE, get_arrays(self.h2))
+        return {**losses, "n-eff": int(self.data.n_eff)}  # type: ignore[attr-defined]
+
+    def predict(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """G: H1(z). P: argmax over H1(z) + H2(z) (seed 000 section 2)."""
+        z = self.model.base(x)
+        g = self.model.head(z)
+        if self.ablation == "b":
+            return g, g
+        return g, g + self.h2.to(self.device)(z)
