@@ -7,11 +7,14 @@ import json
 import signal
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
 
 from fedapps.config import ConfigError, available, load_config, validate
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> tuple[argparse.ArgumentParser, Any]:
+    """The parser and its subparsers (simulations/cli.py adds `reproduce` to them)."""
     p = argparse.ArgumentParser(prog="fedapps", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
     for name, text in (("run", "run an experiment as a Flower simulation"),
@@ -23,8 +26,8 @@ def _parser() -> argparse.ArgumentParser:
                        help="override a config key, e.g. --set rounds=5 --set data.alpha=0.5")
         if name == "run":
             s.add_argument("--verbose", action="store_true", help="show Flower's whole log")
-    sub.add_parser("list", help="list experiments, datasets and algorithms")
-    return p
+    sub.add_parser("list", help="list experiments, datasets, algorithms and grids")
+    return p, sub
 
 
 def _resolve(experiment: str, overrides: list[str]):
@@ -83,12 +86,16 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt  # so the launcher's cleanup stops the SuperLink it started
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+def main(argv: list[str] | None = None,
+         parser: argparse.ArgumentParser | None = None,
+         handlers: dict[str, Callable[[argparse.Namespace], int]] | None = None) -> int:
+    args = (parser or build_parser()[0]).parse_args(argv)
     signal.signal(signal.SIGTERM, _interrupt)
     try:
+        if handlers and args.command in handlers:
+            return handlers[args.command](args)
         if args.command == "list":
-            for kind in ("experiment", "dataset", "algorithm"):
+            for kind in ("experiment", "dataset", "algorithm", "grid"):
                 print(f"{kind}s: {', '.join(available(kind))}")
             return 0
         if args.command == "validate":

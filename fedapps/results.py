@@ -18,8 +18,6 @@ from omegaconf import OmegaConf
 from fedapps.plots import plot_accuracy
 from fedapps.tracking import WandbTracker
 
-CSV_SKIP = ("fit_clients", "failure_reasons")
-
 
 def atomic_write(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -78,7 +76,7 @@ class ResultsWriter:
         doc = {"rounds": self.rounds, "summary": self.summary(), "partition": self.partition}
         atomic_write(self.run_dir / "results.json", json.dumps(doc, indent=1))
         if self.rounds:
-            columns = [k for k in self.rounds[0] if k not in CSV_SKIP]
+            columns = [k for k, v in self.rounds[0].items() if not isinstance(v, list)]
             buf = io.StringIO()
             writer = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore")
             writer.writeheader()

@@ -267,32 +267,37 @@ class BaseStrategy(Strategy):
         metrics["eval_failures"] = len(failures)
         self.finish_round(server_round, metrics)
         return metrics.get("loss"), {k: v for k, v in metrics.items()
-                                     if isinstance(v, int | float)}
+                                     if isinstance(v, int | float) and not isinstance(v, bool)}
 
     def evaluate(self, server_round: int, parameters: Parameters
                  ) -> tuple[float, dict[str, Scalar]] | None:
         return None
 
     # ---- evaluation and bookkeeping -----------------------------------------------------------
-    @staticmethod
-    def evaluation_metrics(results: list[EvaluateRes]) -> dict[str, Any]:
-        """G and P as micro-averages over all clients' local test splits (evaluation contract)."""
+    def evaluation_metrics(self, results: list[EvaluateRes]) -> dict[str, Any]:
+        """G and P as micro-averages over all clients' local test splits (evaluation contract),
+        per-client accuracy percentiles, and each client's accuracies (index = partition id)."""
         n = sum(r.num_examples for r in results)
         correct_g = sum(int(r.metrics["correct-global"]) for r in results)
         correct_p = sum(int(r.metrics["correct-personal"]) for r in results)
         loss = sum(r.loss * r.num_examples for r in results) / n if n else None
-        per_g = [int(r.metrics["correct-global"]) / r.num_examples for r in results
-                 if r.num_examples]
-        per_p = [int(r.metrics["correct-personal"]) / r.num_examples for r in results
-                 if r.num_examples]
+        per_g: list[float | None] = [None] * self.num_clients
+        per_p: list[float | None] = [None] * self.num_clients
+        for r in results:
+            pid = r.metrics.get("partition-id")
+            if r.num_examples and isinstance(pid, int) and 0 <= pid < self.num_clients:
+                per_g[pid] = int(r.metrics["correct-global"]) / r.num_examples
+                per_p[pid] = int(r.metrics["correct-personal"]) / r.num_examples
         return {
             "global_accuracy": correct_g / n if n else None,
             "personal_accuracy": correct_p / n if n else None,
             "loss": loss,
             "eval_clients": len(results),
             "eval_samples": n,
-            **_percentiles(per_g, "global_client"),
-            **_percentiles(per_p, "personal_client"),
+            **_percentiles([a for a in per_g if a is not None], "global_client"),
+            **_percentiles([a for a in per_p if a is not None], "personal_client"),
+            "client_global_accuracy": per_g,
+            "client_personal_accuracy": per_p,
         }
 
     def round_log(self, server_round: int) -> RoundLog:

@@ -11,7 +11,6 @@ from flwr.common import (
     parameters_to_ndarrays,
 )
 
-from strategies.base import BaseStrategy
 from strategies.fedavg import FedAvg
 
 OK = Status(Code.OK, "")
@@ -133,14 +132,15 @@ def test_configure_fit_sends_round_and_counts_bytes():
     assert s.current.bytes_down == 3 * one
 
 
-def eval_res(n, correct_g, correct_p, loss=1.0):
+def eval_res(n, correct_g, correct_p, loss=1.0, pid=0):
     return EvaluateRes(OK, loss, n, {"correct-global": correct_g, "correct-personal": correct_p,
-                                     "partition-id": 0})
+                                     "partition-id": pid})
 
 
 def test_g_and_p_are_micro_averages():
-    res = [eval_res(10, 5, 9, loss=1.0), eval_res(30, 27, 30, loss=2.0), eval_res(0, 0, 0)]
-    m = BaseStrategy.evaluation_metrics(res)
+    res = [eval_res(10, 5, 9, loss=1.0, pid=2), eval_res(30, 27, 30, loss=2.0, pid=0),
+           eval_res(0, 0, 0, pid=1)]
+    m = make_strategy(num_clients=4).evaluation_metrics(res)
     assert m["global_accuracy"] == pytest.approx(32 / 40)  # not mean(0.5, 0.9) = 0.7
     assert m["personal_accuracy"] == pytest.approx(39 / 40)
     assert m["loss"] == pytest.approx((10 * 1.0 + 30 * 2.0) / 40)
@@ -148,6 +148,8 @@ def test_g_and_p_are_micro_averages():
     assert m["global_client_p50"] == pytest.approx(0.7)
     assert m["global_client_std"] == pytest.approx(0.2)
     assert m["personal_client_p10"] == pytest.approx(0.91)
+    assert m["client_global_accuracy"] == [0.9, None, 0.5, None]  # by partition id
+    assert m["client_personal_accuracy"] == [1.0, None, 0.9, None]
 
 
 def test_round_record_has_the_contract_keys():

@@ -1,0 +1,36 @@
+"""The `fedapps` console script: fedapps.cli's commands plus `reproduce` (grids of runs)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from fedapps import cli as app_cli
+
+
+def _reproduce(args: argparse.Namespace) -> int:
+    from fedapps.launcher import run_experiment
+    from simulations.reproduce import reproduce
+
+    def runner(experiment: str, sets: list[str], n_clients: int, run_dir: Path) -> str:
+        return run_experiment(experiment, sets, n_clients, run_dir)
+
+    out = reproduce(args.grid, args.seeds, args.overrides, Path(args.output_dir).resolve(),
+                    runner)
+    print(f"fedapps: table and plots in {out}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser, sub = app_cli.build_parser()
+    r = sub.add_parser("reproduce", help="run a grid over seeds; table and plots vs the paper")
+    r.add_argument("grid", help="a file in conf/grid (or an experiment preset)")
+    r.add_argument("--seeds", type=int, default=None, help="use seeds 0..N-1 (default: the grid's)")
+    r.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    r.add_argument("--output-dir", default="outputs", help="runs go to <output-dir>/<grid>/")
+    return app_cli.main(argv, parser, {"reproduce": _reproduce})
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,173 @@
+"""Reproduce a paper table: run an experiment over a grid and seeds, then tabulate and plot.
+
+A grid file `conf/grid/<name>.yaml` names an experiment, the seeds, the axes to sweep (e.g.
+algorithm x data.alpha) and the paper's numbers for each cell. Runs land in
+`<output-dir>/<grid>/<cell>-s<seed>/`; a finished run (results.json with status completed) is
+never redone, so an interrupted grid resumes where it stopped. The table and plots are
+rebuilt from whatever runs exist.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from omegaconf import OmegaConf
+
+from fedapps.config import CONF_DIR, ConfigError, available, load_config, validate
+
+METRICS = (("best_global_accuracy", "best G"), ("best_personal_accuracy", "best P"),
+           ("final_global_accuracy", "final G"), ("final_personal_accuracy", "final P"))
+
+
+@dataclass
+class Grid:
+    name: str
+    experiment: str
+    seeds: list[int]
+    axes: dict[str, list[Any]] = field(default_factory=dict)
+    reference: dict[str, dict[str, float]] = field(default_factory=dict)
+    source: str = ""
+
+    def cells(self) -> list[dict[str, Any]]:
+        keys = list(self.axes)
+        return [dict(zip(keys, values, strict=True))
+                for values in itertools.product(*(self.axes[k] for k in keys))]
+
+
+def cell_label(cell: dict[str, Any]) -> str:
+    """'fedreb' for an algorithm-only grid, else 'algorithm=fedreb,data.alpha=0.5'."""
+    if list(cell) == ["algorithm"]:
+        return str(cell["algorithm"])
+    return ",".join(f"{k}={v}" for k, v in cell.items()) or "run"
+
+
+def load_grid(name: str) -> Grid:
+    """A grid file, or an experiment preset run as a one-cell grid over seeds 0..2."""
+    path = CONF_DIR / "grid" / f"{name}.yaml"
+    if path.is_file():
+        raw = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+        assert isinstance(raw, dict)
+        ref = raw.get("reference") or {}
+        return Grid(name, str(raw["experiment"]), [int(s) for s in raw.get("seeds", [0, 1, 2])],
+                    {str(k): list(v) for k, v in (raw.get("grid") or {}).items()},
+                    {str(k): dict(v) for k, v in (ref.get("values") or {}).items()},
+                    str(ref.get("source", "")))
+    if name in available("experiment"):
+        return Grid(name, name, [0, 1, 2])
+    raise ConfigError(f"grid {name!r}: no conf/grid/{name}.yaml and no such experiment; grids: "
+                      f"{', '.join(available('grid'))}")
+
+
+def run_dir_for(out_root: Path, grid: Grid, cell: dict[str, Any], seed: int) -> Path:
+    label = cell_label(cell).replace("=", "-").replace(",", "_")
+    return out_root / grid.name / f"{label}-s{seed}"
+
+
+def is_complete(run_dir: Path) -> bool:
+    try:
+        doc = json.loads((run_dir / "results.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return False
+    return doc.get("summary", {}).get("status") == "completed"
+
+
+Runner = Callable[[str, list[str], int, Path], str]
+
+
+def run_grid(grid: Grid, overrides: Sequence[str], out_root: Path, runner: Runner,
+             log: Callable[[str], None] = print) -> list[tuple[dict[str, Any], int, Path]]:
+    """Run every (cell, seed) not yet complete; returns all (cell, seed, run dir)."""
+    plan = []
+    for cell in grid.cells():
+        for seed in grid.seeds:
+            sets = [*overrides, *(f"{k}={v}" for k, v in cell.items()), f"seed={seed}"]
+            cfg = load_config(grid.experiment, sets)
+            validate(cfg)  # every cell is checked before the first run starts
+            plan.append((cell, seed, sets, int(cfg.federation["num-clients"])))
+    done = []
+    for i, (cell, seed, sets, n_clients) in enumerate(plan, 1):
+        target = run_dir_for(out_root, grid, cell, seed)
+        if is_complete(target):
+            log(f"[{i}/{len(plan)}] {cell_label(cell)} seed {seed}: done earlier, kept")
+        else:
+            log(f"[{i}/{len(plan)}] {cell_label(cell)} seed {seed} -> {target}")
+            sets = [*sets, f"output.output-dir={target.parent}", f"output.run-name={target.name}"]
+            status = runner(grid.experiment, sets, n_clients, target)
+            if status != "finished:completed":
+                log(f"[{i}/{len(plan)}] failed ({status}); the grid goes on")
+        done.append((cell, seed, target))
+    return done
+
+
+def mean_std(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (ddof=1; 0 for a single value)."""
+    arr = np.asarray(values, dtype=np.float64)
+    return float(arr.mean()), float(arr.std(ddof=1)) if len(arr) > 1 else 0.0
+
+
+def collect(runs: list[tuple[dict[str, Any], int, Path]]) -> dict[str, list[dict[str, Any]]]:
+    """Completed results.json documents, grouped by cell label."""
+    by_cell: dict[str, list[dict[str, Any]]] = {}
+    for cell, _seed, run_dir in runs:
+        if is_complete(run_dir):
+            by_cell.setdefault(cell_label(cell), []).append(
+                json.loads((run_dir / "results.json").read_text()))
+    return by_cell
+
+
+def table(by_cell: dict[str, list[dict[str, Any]]], grid: Grid) -> str:
+    """Markdown: mean +- std of best/final G and P (%) per cell, beside the paper's G and P."""
+    lines = [f"| cell | seeds | {' | '.join(name for _, name in METRICS)} | paper G | paper P |",
+             "|" + " --- |" * (len(METRICS) + 4)]
+    for label, docs in by_cell.items():
+        cells = []
+        for key, _ in METRICS:
+            vals = [d["summary"][key] for d in docs if d["summary"].get(key) is not None]
+            if vals:
+                m, s = mean_std([100 * v for v in vals])
+                cells.append(f"{m:.2f} ± {s:.2f}")
+            else:
+                cells.append("-")
+        ref = grid.reference.get(label, {})
+        lines.append(f"| {label} | {len(docs)} | {' | '.join(cells)} | {ref.get('G', '-')} | "
+                     f"{ref.get('P', '-')} |")
+    if grid.source:
+        lines.append(f"\nPaper: {grid.source}.")
+    return "\n".join(lines) + "\n"
+
+
+def plot_all(by_cell: dict[str, list[dict[str, Any]]], out: Path, title: str) -> list[Path]:
+    from fedapps.plots import plot_client_distribution, plot_curves_with_bands, plot_label_heatmap
+
+    paths = [plot_curves_with_bands(by_cell, out / "curves.png", title),
+             plot_client_distribution(by_cell, out / "client_accuracy.png", title)]
+    first = next(iter(by_cell.values()), [])
+    if first:
+        part = first[0]["partition"]
+        paths.append(plot_label_heatmap(part["class_counts"], part["emd"],
+                                        out / "label_distribution.png"))
+    return paths
+
+
+def reproduce(name: str, seeds: int | None, overrides: Sequence[str], out_root: Path,
+              runner: Runner, log: Callable[[str], None] = print) -> Path:
+    """Run (or resume) a grid, then write table.md and plots under <out_root>/<grid>/."""
+    grid = load_grid(name)
+    if seeds is not None:
+        grid.seeds = list(range(seeds))
+    runs = run_grid(grid, overrides, out_root, runner, log)
+    by_cell = collect(runs)
+    out = out_root / grid.name
+    out.mkdir(parents=True, exist_ok=True)
+    md = table(by_cell, grid)
+    (out / "table.md").write_text(f"# {grid.name}\n\n{md}")
+    if by_cell:
+        plot_all(by_cell, out, grid.name)
+    log(md)
+    return out
