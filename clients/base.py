@@ -76,9 +76,7 @@ class BaseClient(NumPyClient):
         return self.upload()
 
     def fit(self, parameters: list[np.ndarray], config: dict[str, Any]):
-        server_round = int(config.get("server-round", 0))
-        self.generator.manual_seed(self.settings.seed * 1_000_003 + server_round * 1009
-                                   + self.partition_id)
+        self.seed_generator(config, stream=0)
         self.load_global(parameters)
         self.model.train()
         metrics = self.local_train(config) or {}
@@ -86,6 +84,7 @@ class BaseClient(NumPyClient):
             "partition-id": self.partition_id, **metrics}
 
     def evaluate(self, parameters: list[np.ndarray], config: dict[str, Any]):
+        self.seed_generator(config, stream=1)
         self.load_global(parameters)
         self.model.eval()
         x, y = self.data.x_test.to(self.device), self.data.y_test.to(self.device)
@@ -103,6 +102,12 @@ class BaseClient(NumPyClient):
             "correct-personal": correct_p,
         }
 
+    def seed_generator(self, config: dict[str, Any], stream: int) -> None:
+        """Shuffling and any evaluation-time training depend only on (seed, round, client)."""
+        server_round = int(config.get("server-round", 0))
+        self.generator.manual_seed(self.settings.seed * 1_000_003 + server_round * 1009
+                                   + self.partition_id * 7 + stream)
+
     # ---- hooks ------------------------------------------------------------------------------
     def load_global(self, parameters: list[np.ndarray]) -> None:
         """Take the server's arrays (default: the whole model)."""
@@ -115,8 +120,9 @@ class BaseClient(NumPyClient):
         return {"train-loss": loss}
 
     def upload(self) -> list[np.ndarray]:
-        """Arrays sent to the server (default: the whole model)."""
-        return get_arrays(self.model)
+        """Arrays sent to the server: the model's state entries under `algo.shared-prefix`
+        (default '': the whole model)."""
+        return get_arrays(self.model, str(self.algo.get("shared-prefix", "")))
 
     def num_train_examples(self) -> int:
         return len(self.data.y_train)
@@ -161,6 +167,16 @@ class BaseClient(NumPyClient):
                 total += loss.detach()
                 batches += 1
         return float(total) / max(batches, 1)
+
+    def proximal(self, module: nn.Module, reference: list[torch.Tensor]) -> torch.Tensor:
+        """||w - w_ref||^2 over a module's parameters (FedProx, Ditto, FedDyn)."""
+        return sum((torch.sum((p - r) ** 2) for p, r in zip(module.parameters(), reference,
+                                                            strict=True)),
+                   torch.zeros((), device=self.device))
+
+    def snapshot(self, module: nn.Module) -> list[torch.Tensor]:
+        """Detached copies of a module's parameters (e.g. the received global model)."""
+        return [p.detach().clone() for p in module.parameters()]
 
     def save_state(self, name: str, arrays: list[np.ndarray]) -> None:
         """Keep arrays across rounds (Flower's per-node context state)."""

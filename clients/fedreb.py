@@ -10,16 +10,13 @@ Each stage has its own SGD optimizer, rebuilt every round, so no momentum leaks 
 
 from __future__ import annotations
 
-import copy
 from typing import Any, Protocol
 
 import torch
 from torch.nn import functional as F
 
-from clients.arrays import get_arrays, set_arrays
-from clients.base import BaseClient, LocalData
-
-H2_STATE = "fedreb-h2"
+from clients.base import LocalData
+from clients.personal import PersonalHeadClient
 
 
 class RebalancedData(LocalData, Protocol):
@@ -30,24 +27,21 @@ class RebalancedData(LocalData, Protocol):
     n_eff: int
 
 
-class FedRebClient(BaseClient):
-    """Base + H1 (aggregated) + H2 (personal); uploads base + H1 with n_orig and n_eff."""
+class FedRebClient(PersonalHeadClient):
+    """Base + H1 (the model's head, aggregated) + H2 (`self.personal`, kept on the client);
+    uploads base + H1 with n_orig and n_eff. A never-selected client uses its initial H2."""
+
+    state_key = "fedreb-h2"
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        # H2 starts as the initial head (the seeded model every process builds), so a client
-        # that has never trained still has a defined personal head (DECISIONS).
-        self.h2 = copy.deepcopy(self.model.head)
-        saved = self.load_state(H2_STATE)
-        if saved is not None:
-            set_arrays(self.h2, saved)
         self.ablation = str(self.algo.get("ablation", "none"))
         self.stage_order = str(self.algo.get("stage-order", "interleaved"))
 
     # ---- the two stages ------------------------------------------------------------------
     def stage1(self, optimizer: torch.optim.Optimizer, epochs: int = 1) -> float:
         """CE(H1 + H2) on D_o; the optimizer holds base + H2 only (ablation b: base + H1)."""
-        base, h1, h2 = self.model.base, self.model.head, self.h2
+        base, h1, h2 = self.model.base, self.model.head, self.personal
         if self.ablation == "b":  # no extra head: one head, trained on D_o then on D_r
             return self.sgd_epochs([], self.ce_loss(self.model), epochs, optimizer=optimizer)
 
@@ -66,7 +60,7 @@ class FedRebClient(BaseClient):
 
     def local_train(self, config: dict[str, Any]) -> dict[str, Any]:
         s = self.settings
-        self.h2.to(self.device).train()
+        self.personal.train()
 
         def sgd(params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
             return torch.optim.SGD(params, lr=s.lr, momentum=s.momentum,
@@ -74,7 +68,7 @@ class FedRebClient(BaseClient):
 
         base = list(self.model.base.parameters())
         h1 = list(self.model.head.parameters())
-        opt1 = sgd(base + (h1 if self.ablation == "b" else list(self.h2.parameters())))
+        opt1 = sgd(base + (h1 if self.ablation == "b" else list(self.personal.parameters())))
         opt2 = sgd(base + h1)
         with_stage1 = self.ablation != "d"
         losses = {"stage1-loss": 0.0, "stage2-loss": 0.0}
@@ -88,7 +82,7 @@ class FedRebClient(BaseClient):
                     losses["stage1-loss"] = self.stage1(opt1)
                 losses["stage2-loss"] = self.stage2(opt2)
         self.model.zero_grad(set_to_none=True)  # H1 collected gradients in stage 1: drop them
-        self.save_state(H2_STATE, get_arrays(self.h2))
+        self.save_personal()
         return {**losses, "n-eff": int(self.data.n_eff)}  # type: ignore[attr-defined]
 
     def predict(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -97,4 +91,4 @@ class FedRebClient(BaseClient):
         g = self.model.head(z)
         if self.ablation == "b":
             return g, g
-        return g, g + self.h2.to(self.device)(z)
+        return g, g + self.personal(z)

@@ -13,12 +13,20 @@ from typing import Any
 from omegaconf import DictConfig
 
 from clients.base import BaseClient
+from clients.ditto import DittoClient
 from clients.fedavg import FedAvgClient
+from clients.fedbabu import FedBabuClient
+from clients.feddyn import FedDynClient
+from clients.fedper import FedPerClient
+from clients.fedprox import FedProxClient
 from clients.fedreb import FedRebClient
+from clients.fedrep import FedRepClient
+from clients.fedrod import FedRodClient
 from fedapps.config import ConfigError
 from fedapps.data import FederatedData, rebalance
 from strategies.base import BaseStrategy
 from strategies.fedavg import FedAvg
+from strategies.feddyn import FedDyn
 from strategies.fedreb import FedReb
 
 
@@ -35,6 +43,28 @@ def _choices(cfg: DictConfig, allowed: dict[str, tuple[str, ...]]) -> None:
         value = cfg.algo[key]
         if value not in values:
             raise ConfigError(f"algo.{key}={value!r}: allowed: {', '.join(values)}")
+
+
+def _numbers(cfg: DictConfig, rules: dict[str, tuple[str, float]]) -> None:
+    """rules: key -> ('>' or '>=', bound); integers where the key ends in 'epochs'."""
+    for key, (op, bound) in rules.items():
+        value = cfg.algo[key]
+        is_num = isinstance(value, int | float) and not isinstance(value, bool)
+        if key.endswith("epochs") and not isinstance(value, int):
+            is_num = False
+        ok = is_num and (value > bound if op == ">" else value >= bound)
+        if not ok:
+            kind = "an integer" if key.endswith("epochs") else "a number"
+            raise ConfigError(f"algo.{key}={value!r}: must be {kind} {op} {bound:g}")
+
+
+def _validated(numbers: dict[str, tuple[str, float]], shared: bool = False
+               ) -> Callable[[DictConfig], None]:
+    def check(cfg: DictConfig) -> None:
+        _numbers(cfg, numbers)
+        if shared:
+            _choices(cfg, {"shared-prefix": ("", "base.")})
+    return check
 
 
 def _validate_fedreb(cfg: DictConfig) -> None:
@@ -56,6 +86,15 @@ FEDREB = Algorithm(FedReb, FedRebClient, _validate_fedreb, rebalance.client_data
 
 ALGORITHMS: dict[str, Algorithm] = {
     "fedavg": Algorithm(FedAvg, FedAvgClient),
+    "fedprox": Algorithm(FedAvg, FedProxClient, _validated({"mu": (">=", 0)})),
+    "feddyn": Algorithm(FedDyn, FedDynClient, _validated({"alpha": (">", 0)})),
+    "ditto": Algorithm(FedAvg, DittoClient, _validated({"lambda": (">=", 0),
+                                                        "personal-epochs": (">=", 1)})),
+    "fedper": Algorithm(FedAvg, FedPerClient, _validated({}, shared=True)),
+    "fedrep": Algorithm(FedAvg, FedRepClient, _validated({"head-epochs": (">=", 1),
+                                                          "base-epochs": (">=", 1)}, True)),
+    "fedbabu": Algorithm(FedAvg, FedBabuClient, _validated({"finetune-epochs": (">=", 1)}, True)),
+    "fedrod": Algorithm(FedAvg, FedRodClient),
     "fedreb": FEDREB,  # seed 000 (client-scope threshold)
     "fedreg": FEDREB,  # seed 001 (global-scope threshold); same code, other preset
 }

@@ -35,3 +35,19 @@ def split_average(models: Sequence[Sequence[np.ndarray]], is_base: Sequence[bool
     by_base = weighted_average(models, base_weights)
     by_head = weighted_average(models, head_weights)
     return [b if base else h for b, h, base in zip(by_base, by_head, is_base, strict=True)]
+
+
+def feddyn_update(previous: Sequence[np.ndarray], models: Sequence[Sequence[np.ndarray]],
+                  h: Sequence[np.ndarray], alpha: float, num_clients: int
+                  ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """FedDyn server step (Acar et al. 2021, Alg. 1):
+    h <- h - alpha / m * sum_k (theta_k - theta_prev);  theta <- mean_k theta_k - h / alpha."""
+    new_h, new_theta = [], []
+    for i, prev in enumerate(previous):
+        prev64 = np.asarray(prev, dtype=np.float64)
+        drift = sum(np.asarray(m[i], dtype=np.float64) - prev64 for m in models)
+        h_i = np.asarray(h[i], dtype=np.float64) - alpha / num_clients * drift
+        mean = sum(np.asarray(m[i], dtype=np.float64) for m in models) / len(models)
+        new_h.append(h_i)
+        new_theta.append((mean - h_i / alpha).astype(prev.dtype))
+    return new_theta, new_h

@@ -153,9 +153,22 @@ class BaseStrategy(Strategy):
         """Arrays a client receives for evaluation (default: the whole global model)."""
         return self.global_arrays
 
+    def shared_mask(self) -> list[bool]:
+        """Which global arrays clients upload and the server averages (default: all of them;
+        a prefix in `algo.shared-prefix`, e.g. 'base.', keeps the rest on the clients)."""
+        prefix = str(self.algo.get("shared-prefix", ""))
+        return [name.startswith(prefix) for name in self.array_names]
+
     def expected_upload(self, partition_id: int) -> list[np.ndarray]:
         """Arrays whose shapes and dtypes a valid upload must match."""
-        return self.global_arrays
+        return [a for a, shared in zip(self.global_arrays, self.shared_mask(), strict=True)
+                if shared]
+
+    def merge(self, shared_arrays: list[np.ndarray]) -> list[np.ndarray]:
+        """The global arrays with the shared positions replaced by `shared_arrays`."""
+        it = iter(shared_arrays)
+        return [next(it) if shared else a
+                for a, shared in zip(self.global_arrays, self.shared_mask(), strict=True)]
 
     def validate_metrics(self, metrics: dict[str, Scalar]) -> str | None:
         """Reason to reject an upload's declared scalars, or None."""
@@ -163,7 +176,8 @@ class BaseStrategy(Strategy):
 
     def aggregate(self, server_round: int, uploads: list[Upload]) -> list[np.ndarray]:
         """New global arrays from the round's valid uploads (default: FedAvg)."""
-        return weighted_average([u.arrays for u in uploads], [u.num_examples for u in uploads])
+        return self.merge(weighted_average([u.arrays for u in uploads],
+                                           [u.num_examples for u in uploads]))
 
     # ---- Strategy API -----------------------------------------------------------------------
     def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:

@@ -7,7 +7,7 @@ from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters
 
 from clients.arrays import get_arrays
 from clients.base import TrainSettings
-from clients.fedreb import H2_STATE, FedRebClient
+from clients.fedreb import FedRebClient
 from fedapps.config import ConfigError, load_config, validate
 from fedapps.data import federated_data
 from fedapps.data import rebalance as rb
@@ -86,14 +86,14 @@ def make_client(digits, ablation="none"):
 
 def heads(client):
     return [p.detach().clone() for p in client.model.head.parameters()], \
-           [p.detach().clone() for p in client.h2.parameters()]
+           [p.detach().clone() for p in client.personal.parameters()]
 
 
 def test_stage1_leaves_h1_unchanged_and_stage2_leaves_h2_unchanged(digits):
     client = make_client(digits)
     s = client.settings
     base, h1, h2 = (list(m.parameters()) for m in (client.model.base, client.model.head,
-                                                    client.h2))
+                                                    client.personal))
     opt1 = torch.optim.SGD(base + h2, lr=s.lr, momentum=s.momentum)
     opt2 = torch.optim.SGD(base + h1, lr=s.lr, momentum=s.momentum)
     h1_before, h2_before = heads(client)
@@ -114,10 +114,10 @@ def test_upload_is_base_plus_h1_with_sample_counts_and_h2_stays(digits):
     names = list(client.model.state_dict())
     assert len(arrays) == len(names) and all(n.startswith(("base.", "head.")) for n in names)
     assert n == len(client.data.y_train) and metrics["n-eff"] == client.data.n_eff
-    h2 = get_arrays(client.h2)
+    h2 = get_arrays(client.personal)
     for a in arrays:  # no uploaded array is H2's
         assert not any(a.shape == b.shape and np.array_equal(a, b) for b in h2)
-    saved = client.state[H2_STATE].to_numpy_ndarrays()
+    saved = client.state[FedRebClient.state_key].to_numpy_ndarrays()
     assert all(np.array_equal(a, b) for a, b in zip(saved, h2, strict=True))
 
 
@@ -128,22 +128,23 @@ def test_h2_is_restored_from_context_state(digits):
     ctx = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={})
     first = FedRebClient(client.model, client.data, client.settings, 0, context=ctx)
     first.fit(get_arrays(client.model), {"server-round": 1})
-    trained = get_arrays(first.h2)
+    trained = get_arrays(first.personal)
     second = FedRebClient(build_model("digits-cnn", (1, 8, 8), 10, 2), client.data,
                           client.settings, 0, context=ctx)
-    assert all(np.array_equal(a, b) for a, b in zip(get_arrays(second.h2), trained, strict=True))
+    restored = get_arrays(second.personal)
+    assert all(np.array_equal(a, b) for a, b in zip(restored, trained, strict=True))
 
 
 def test_personal_prediction_sums_both_heads(digits):
     client = make_client(digits)
     with torch.no_grad():
-        for p in client.h2.parameters():
+        for p in client.personal.parameters():
             p.add_(torch.randn_like(p))
         x = client.data.x_test
         g, p = client.predict(x)
         z = client.model.base(x)
         assert torch.allclose(g, client.model.head(z))
-        assert torch.allclose(p, client.model.head(z) + client.h2(z))
+        assert torch.allclose(p, client.model.head(z) + client.personal(z))
 
 
 def test_split_average_hand_computed():

@@ -66,3 +66,22 @@ def test_fedreb_simulation_keeps_personal_heads_across_rounds(tmp_path):
     # global model; without H2 kept in the node state P would equal G
     assert last["personal_accuracy"] > last["global_accuracy"] + 0.05
     assert last["global_accuracy"] > 0.3
+
+
+@pytest.mark.parametrize("algorithm, extra", [
+    ("fedprox", []), ("feddyn", []), ("ditto", ["algo.personal-epochs=1"]),
+    ("fedper", ["algo.shared-prefix=base."]), ("fedrep", ["algo.head-epochs=1"]),
+    ("fedbabu", ["algo.finetune-epochs=2"]), ("fedrod", []),
+])
+def test_baseline_runs_two_rounds_in_a_real_simulation(tmp_path, algorithm, extra):
+    sets = ["rounds=2", f"algorithm={algorithm}", f"output.output-dir={tmp_path}",
+            "output.run-name=r", *extra]
+    cmd = [sys.executable, "-m", "fedapps.cli", "run", "fedreb-quick"]
+    for s in sets:
+        cmd += ["--set", s]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads((tmp_path / "r" / "results.json").read_text())
+    assert [r["round"] for r in doc["rounds"]] == [1, 2]
+    assert all(r["failures"] == 0 and r["bytes_up"] > 0 for r in doc["rounds"])
+    assert doc["summary"]["final_global_accuracy"] > 0.15  # above chance (0.1)

@@ -1,0 +1,51 @@
+"""Ditto client (Li et al. 2021; lambda = 0.1, 5 personal epochs, DECISIONS).
+
+Each round the personal model v (node state, never uploaded) trains on
+CE(v) + lambda/2 ||v - w_global||^2 for `personal-epochs`, then the global model trains as in
+FedAvg and is uploaded. G uses the global model, P the personal one.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from torch.nn import functional as F
+
+from clients.arrays import get_arrays, set_arrays
+from clients.base import BaseClient
+
+STATE = "ditto-personal"
+
+
+class DittoClient(BaseClient):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.personal = copy.deepcopy(self.model)  # the initial model until first trained
+        saved = self.load_state(STATE)
+        if saved is not None:
+            set_arrays(self.personal, saved)
+
+    def train_personal(self, w_global: list[torch.Tensor], epochs: int) -> float:
+        lam = float(self.algo.get("lambda", 0.1))
+
+        def loss(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return F.cross_entropy(self.personal(x), y) + lam / 2 * self.proximal(
+                self.personal, w_global)
+
+        self.personal.train()
+        result = self.sgd_epochs(self.personal.parameters(), loss, epochs)
+        self.save_state(STATE, get_arrays(self.personal))
+        return result
+
+    def local_train(self, config: dict[str, Any]) -> dict[str, Any]:
+        personal_loss = self.train_personal(self.snapshot(self.model),
+                                            int(self.algo.get("personal-epochs", 5)))
+        loss = self.sgd_epochs(self.model.parameters(), self.ce_loss(self.model),
+                               self.settings.local_epochs)
+        return {"train-loss": loss, "personal-loss": personal_loss}
+
+    def predict(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.personal.eval()
+        return self.model(x), self.personal(x)

@@ -1,0 +1,40 @@
+"""FedDyn client (Acar et al. 2021, alpha = 0.01, DECISIONS).
+
+Local objective: CE(w) - <g_k, w> + alpha/2 ||w - w_global||^2, where g_k is the client's
+linear correction, kept in the node state and updated after training:
+g_k <- g_k - alpha (w_k - w_global).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from torch.nn import functional as F
+
+from clients.base import BaseClient
+
+STATE = "feddyn-grad"
+
+
+class FedDynClient(BaseClient):
+    def local_train(self, config: dict[str, Any]) -> dict[str, Any]:
+        alpha = float(self.algo.get("alpha", 0.01))
+        w_global = self.snapshot(self.model)
+        saved = self.load_state(STATE)
+        grads = ([torch.from_numpy(g).to(self.device) for g in saved] if saved is not None
+                 else [torch.zeros_like(w) for w in w_global])
+
+        def loss(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            linear = sum(torch.sum(p * g) for p, g in zip(self.model.parameters(), grads,
+                                                          strict=True))
+            return (F.cross_entropy(self.model(x), y) - linear
+                    + alpha / 2 * self.proximal(self.model, w_global))
+
+        mean_loss = self.sgd_epochs(self.model.parameters(), loss, self.settings.local_epochs)
+        with torch.no_grad():
+            new = [g - alpha * (p.detach() - w) for g, p, w in
+                   zip(grads, self.model.parameters(), w_global, strict=True)]
+        self.save_state(STATE, [np.ascontiguousarray(g.cpu().numpy()) for g in new])
+        return {"train-loss": mean_loss}

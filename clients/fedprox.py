@@ -1,0 +1,23 @@
+"""FedProx client (Li et al. 2020): local CE + mu/2 ||w - w_global||^2 (mu = 0.001, DECISIONS)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.nn import functional as F
+
+from clients.base import BaseClient
+
+
+class FedProxClient(BaseClient):
+    def local_train(self, config: dict[str, Any]) -> dict[str, Any]:
+        mu = float(self.algo.get("mu", 0.001))
+        w_global = self.snapshot(self.model)
+
+        def loss(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return F.cross_entropy(self.model(x), y) + mu / 2 * self.proximal(self.model,
+                                                                               w_global)
+
+        return {"train-loss": self.sgd_epochs(self.model.parameters(), loss,
+                                              self.settings.local_epochs)}

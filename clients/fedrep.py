@@ -1,0 +1,22 @@
+"""FedRep client (Collins et al. 2021): per round, `head-epochs` (5) on the personal head with
+the base frozen, then `base-epochs` (1) on the base with the head frozen (DECISIONS). Upload as
+FedPer (`algo.shared-prefix`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from clients.personal import PersonalHeadClient
+
+
+class FedRepClient(PersonalHeadClient):
+    def local_train(self, config: dict[str, Any]) -> dict[str, Any]:
+        self.use_personal_head()
+        loss_fn = self.ce_loss(self.model)
+        # Only the listed parameters are stepped; the other part is frozen by construction.
+        head_loss = self.sgd_epochs(self.model.head.parameters(), loss_fn,
+                                    int(self.algo.get("head-epochs", 5)))
+        base_loss = self.sgd_epochs(self.model.base.parameters(), loss_fn,
+                                    int(self.algo.get("base-epochs", 1)))
+        self.keep_trained_head()
+        return {"head-loss": head_loss, "train-loss": base_loss}

@@ -1,0 +1,22 @@
+"""FedDyn strategy: keeps the server state h and applies the FedDyn correction to the
+unweighted mean of the participants' models (alpha = 0.01, DECISIONS)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from strategies.aggregation import feddyn_update
+from strategies.base import BaseStrategy, Upload
+
+
+class FedDyn(BaseStrategy):
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.h = [np.zeros_like(a, dtype=np.float64) for a in self.global_arrays]
+
+    def aggregate(self, server_round: int, uploads: list[Upload]) -> list[np.ndarray]:
+        theta, self.h = feddyn_update(self.global_arrays, [u.arrays for u in uploads], self.h,
+                                      float(self.algo.get("alpha", 0.01)), self.num_clients)
+        return theta

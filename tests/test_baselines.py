@@ -1,0 +1,223 @@
+"""The FedReb/FedReG baselines: each method's distinctive mechanics, checked by value."""
+
+import numpy as np
+import pytest
+import torch
+from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
+
+from clients.arrays import get_arrays, set_arrays
+from clients.base import TrainSettings
+from clients.ditto import DittoClient
+from clients.fedbabu import FedBabuClient
+from clients.feddyn import STATE as FEDDYN_STATE
+from clients.feddyn import FedDynClient
+from clients.fedper import FedPerClient
+from clients.fedprox import FedProxClient
+from clients.fedrep import FedRepClient
+from clients.fedrod import FedRodClient, balanced_softmax_loss
+from fedapps.data import ClientData
+from fedapps.models import build_model
+from strategies.aggregation import feddyn_update
+from strategies.feddyn import FedDyn
+
+
+def data(n=24):
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(n + 8, 1, 8, 8, generator=g)
+    y = torch.randint(0, 4, (n + 8,), generator=g)
+    return ClientData(x[:n], y[:n], x[n:], y[n:])
+
+
+def model():
+    torch.manual_seed(0)
+    return build_model("digits-cnn", (1, 8, 8), 10, 2)
+
+
+def client(cls, algo=None, batch=8, epochs=1, momentum=0.9, lr=0.05):
+    return cls(model(), data(), TrainSettings(epochs, batch, lr, momentum, 0.0, 0), 0,
+               algo=algo or {})
+
+
+def equal(a, b):
+    return all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+def params(module):
+    return [p.detach().clone() for p in module.parameters()]
+
+
+# ---- FedProx ----------------------------------------------------------------------------------
+def test_proximal_gradient_is_mu_times_distance():
+    c = client(FedProxClient)
+    ref = [p.detach() + 0.5 for p in c.model.parameters()]
+    mu = 0.3
+    loss = mu / 2 * c.proximal(c.model, ref)
+    loss.backward()
+    for p, r in zip(c.model.parameters(), ref, strict=True):
+        assert torch.allclose(p.grad, mu * (p.detach() - r))
+
+
+def test_fedprox_mu_pulls_towards_the_global_model():
+    start = get_arrays(model())
+
+    def drift(mu):
+        c = client(FedProxClient, {"mu": mu}, epochs=5)
+        out, _, _ = c.fit(start, {"server-round": 1})
+        return sum(float(np.sum((a - b) ** 2)) for a, b in zip(out, start, strict=True))
+
+    assert drift(0.0) > drift(1.0) > drift(20.0)
+
+
+# ---- FedDyn -----------------------------------------------------------------------------------
+def test_feddyn_server_state_hand_computed():
+    prev = [np.array([0.0, 0.0], np.float32)]
+    models = [[np.array([1.0, 2.0], np.float32)], [np.array([3.0, 6.0], np.float32)]]
+    theta, h = feddyn_update(prev, models, [np.zeros(2)], alpha=0.5, num_clients=4)
+    # drift = (1 - 0) + (3 - 0), (2 - 0) + (6 - 0) = [4, 8]; h = 0 - 0.5 / 4 * drift
+    np.testing.assert_allclose(h[0], [-0.5, -1.0])
+    # theta = mean [2, 4] - h / alpha = [2 + 1, 4 + 2]
+    np.testing.assert_allclose(theta[0], [3.0, 6.0])
+    assert theta[0].dtype == np.float32
+
+
+def test_feddyn_strategy_keeps_h_across_rounds():
+    init = [np.zeros(2, np.float32)]
+    s = FedDyn(initial_arrays=init, num_rounds=2, num_clients=4, clients_per_round=2, seed=0,
+               algo={"alpha": 0.5})
+    res = [FitRes(Status(Code.OK, ""), ndarrays_to_parameters([np.array(v, np.float32)]), 10,
+                  {"partition-id": i}) for i, v in enumerate(([1.0, 2.0], [3.0, 6.0]))]
+    out = parameters_to_ndarrays(s.aggregate_fit(1, [(None, r) for r in res], [])[0])
+    np.testing.assert_allclose(out[0], [3.0, 6.0])
+    np.testing.assert_allclose(s.h[0], [-0.5, -1.0])
+
+
+def test_feddyn_client_gradient_state():
+    c = client(FedDynClient, {"alpha": 0.01})
+    start = get_arrays(c.model)
+    out, _, _ = c.fit(start, {"server-round": 1})
+    grads = c.load_state(FEDDYN_STATE)
+    # g_1 = 0 - alpha * (w_k - w_global)
+    for g, w, w0 in zip(grads, out, start, strict=True):
+        np.testing.assert_allclose(g, -0.01 * (w - w0), rtol=1e-5, atol=1e-8)
+
+
+# ---- Ditto ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("lam", [0.0, 0.5])
+def test_ditto_personal_step_moves_towards_global_by_lambda(lam):
+    # one full-batch SGD step without momentum: v1(lam) - v1(0) = -lr * lam * (v0 - w_g)
+    lr = 0.1
+    results = {}
+    for lam_i in (0.0, lam):
+        c = client(DittoClient, {"lambda": lam_i}, batch=1000, momentum=0.0, lr=lr)
+        w_global = [p.detach() + 0.25 for p in c.personal.parameters()]
+        v0 = params(c.personal)
+        c.train_personal(w_global, epochs=1)
+        results[lam_i] = (v0, params(c.personal), w_global)
+    v0, v_lam, w_g = results[lam]
+    _, v_zero, _ = results[0.0]
+    for a, b, p0, g in zip(v_lam, v_zero, v0, w_g, strict=True):
+        assert torch.allclose(a - b, -lr * lam * (p0 - g), atol=1e-6)
+
+
+def test_ditto_p_uses_the_personal_model_and_it_is_not_uploaded():
+    c = client(DittoClient, {"lambda": 0.1, "personal-epochs": 2})
+    start = get_arrays(c.model)
+    out, _, _ = c.fit(start, {"server-round": 1})
+    personal = get_arrays(c.personal)
+    assert not any(np.array_equal(a, b) for a, b in zip(out, personal, strict=True))
+    g, p = c.predict(c.data.x_test)
+    assert torch.allclose(p, c.personal(c.data.x_test))
+
+
+# ---- FedPer / FedRep --------------------------------------------------------------------------
+@pytest.mark.parametrize("cls", [FedPerClient, FedRepClient])
+def test_head_stays_on_the_client_with_base_prefix(cls):
+    c = client(cls, {"shared-prefix": "base.", "head-epochs": 1, "base-epochs": 1})
+    start = get_arrays(c.model)
+    out, _, _ = c.fit(start, {"server-round": 1})
+    n_base = len(get_arrays(c.model, "base."))
+    assert len(out) == n_base < len(start)
+    assert [a.shape for a in out] == [a.shape for a in get_arrays(c.model, "base.")]
+
+
+@pytest.mark.parametrize("cls", [FedPerClient, FedRepClient])
+def test_training_uses_the_personal_head_not_the_global_one(cls):
+    from flwr.common import Context, RecordDict
+
+    ctx = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={})
+    algo = {"head-epochs": 1, "base-epochs": 1}
+    first = cls(model(), data(), TrainSettings(1, 8, 0.05, 0.9, 0.0, 0), 0, ctx, algo)
+    start = get_arrays(first.model)
+    first.fit(start, {"server-round": 1})
+    trained_head = get_arrays(first.personal)
+    # a new client object on the same node state gets the trained head back, and P uses it
+    # even when the server sends a different head
+    second = cls(model(), data(), first.settings, 0, ctx, algo)
+    assert all(np.array_equal(a, b) for a, b in zip(get_arrays(second.personal), trained_head,
+                                                    strict=True))
+    n_base = len(get_arrays(second.model, "base."))
+    sent = [a + 1.0 if i >= n_base else a for i, a in enumerate(start)]
+    second.load_global(sent)
+    x = second.data.x_test
+    g, p = second.predict(x)
+    z = second.model.base(x)
+    assert torch.allclose(p, second.personal(z)) and torch.allclose(g, second.model.head(z))
+    assert not torch.allclose(g, p)
+
+
+def test_fedrep_freezes_each_part_in_turn(monkeypatch):
+    c = client(FedRepClient, {"head-epochs": 2, "base-epochs": 1})
+    snapshots = []
+    original = c.sgd_epochs
+
+    def recording(*args, **kwargs):
+        before = (params(c.model.base), params(c.model.head))
+        result = original(*args, **kwargs)
+        snapshots.append((before, (params(c.model.base), params(c.model.head))))
+        return result
+
+    monkeypatch.setattr(c, "sgd_epochs", recording)
+    c.fit(get_arrays(c.model), {"server-round": 1})
+    (base0, head0), (base1, head1) = snapshots[0]
+    assert equal(base0, base1) and not equal(head0, head1)  # head phase: base frozen
+    (base1, head1), (base2, head2) = snapshots[1]
+    assert equal(head1, head2) and not equal(base1, base2)  # base phase: head frozen
+
+
+# ---- FedBABU ----------------------------------------------------------------------------------
+def test_fedbabu_head_never_changes_during_fl():
+    c = client(FedBabuClient, {"finetune-epochs": 3})
+    start = get_arrays(c.model)
+    head0 = params(c.model.head)
+    out, _, _ = c.fit(start, {"server-round": 1})
+    assert equal(head0, params(c.model.head))
+    n_base = len(get_arrays(c.model, "base."))
+    assert all(np.array_equal(a, b) for a, b in zip(out[n_base:], start[n_base:], strict=True))
+    assert not all(np.array_equal(a, b) for a, b in zip(out[:n_base], start[:n_base],
+                                                        strict=True))
+    # personal evaluation fine-tunes a copy; the model's head is untouched afterwards
+    _, _, metrics = c.evaluate(out, {"server-round": 1})
+    assert equal(head0, params(c.model.head))
+    assert c._tuned is not None and not equal(head0, params(c._tuned))
+
+
+# ---- FedRoD -----------------------------------------------------------------------------------
+def test_balanced_softmax_loss_hand_computed():
+    logits = torch.zeros(2, 3)
+    counts = torch.tensor([1, 2, 0])
+    # logits + log counts = [0, log 2, -inf] -> softmax [1/3, 2/3, 0]
+    loss = balanced_softmax_loss(logits, torch.tensor([1, 0]), counts)
+    expected = (-np.log(2 / 3) - np.log(1 / 3)) / 2
+    assert float(loss) == pytest.approx(expected)
+
+
+def test_fedrod_personal_head_sees_detached_features_and_p_sums_heads():
+    c = client(FedRodClient)
+    base0 = params(c.model.base)
+    c.fit(get_arrays(c.model), {"server-round": 1})
+    assert not equal(base0, params(c.model.base))
+    x = c.data.x_test
+    g, p = c.predict(x)
+    z = c.model.base(x)
+    assert torch.allclose(p, c.model.head(z) + c.personal(z))
+    set_arrays(c.personal, get_arrays(c.personal))  # still a plain head of the model's shape
