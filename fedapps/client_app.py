@@ -14,7 +14,7 @@ from flwr.common import Context
 from fedapps.config import ConfigError
 from fedapps.data import federated_data
 from fedapps.registry import ALGORITHMS
-from fedapps.runtime import algo_params, config_from_run, make_model, select_device, train_settings
+from fedapps.runtime import algo_params, config_from_run, select_device, train_settings
 
 
 def client_fn(context: Context) -> Client:
@@ -34,7 +34,7 @@ def client_fn(context: Context) -> Client:
     device = select_device(cfg)
     spec = ALGORITHMS[cfg.algorithm]
     local = spec.client_data(cfg, federated_data(cfg), pid, device)
-    client = spec.client(make_model(cfg), local, train_settings(cfg), pid, context=context,
+    client = spec.client(spec.model(cfg), local, train_settings(cfg), pid, context=context,
                          algo=algo_params(cfg), device=device)
     return client.to_client()
 

@@ -86,3 +86,28 @@ def fc_depth(name: str) -> int:
 def build_model(name: str, in_shape: tuple[int, int, int], num_classes: int,
                 head_depth: int) -> SplitNet:
     return MODELS[name][0](in_shape, num_classes, head_depth)
+
+
+class GpflNet(nn.Module):
+    """A SplitNet plus GPFL's Global Category Embedding (GCE) and Conditional Valve (CoV)
+    (Zhang et al. 2023): CoV(z, c) = ReLU(z * (gamma(c) + 1) + beta(c)), gamma and beta each
+    Linear-ReLU-LayerNorm of the conditional input c. The conditional inputs are buffers so
+    the server can aggregate them into the global model (seed 001 section 1.5)."""
+
+    def __init__(self, net: SplitNet, num_classes: int) -> None:
+        super().__init__()
+        self.base = net.base
+        self.head = net.head
+        dim = next(m for m in net.head.modules() if isinstance(m, nn.Linear)).in_features
+        self.gce = nn.Embedding(num_classes, dim)
+        self.gamma = nn.Sequential(nn.Linear(dim, dim), nn.ReLU(), nn.LayerNorm(dim))
+        self.beta = nn.Sequential(nn.Linear(dim, dim), nn.ReLU(), nn.LayerNorm(dim))
+        self.register_buffer("generic_input", torch.zeros(dim))
+        self.register_buffer("personal_input", torch.zeros(dim))
+
+    def cov(self, z: torch.Tensor, condition: torch.Tensor) -> torch.Tensor:
+        return torch.relu(z * (self.gamma(condition) + 1) + self.beta(condition))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The global model: aggregated head on features valved by the aggregated input."""
+        return self.head(self.cov(self.base(x), self.personal_input))

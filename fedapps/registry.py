@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from omegaconf import DictConfig
 
 from clients.base import BaseClient
@@ -22,8 +23,11 @@ from clients.fedprox import FedProxClient
 from clients.fedreb import FedRebClient
 from clients.fedrep import FedRepClient
 from clients.fedrod import FedRodClient
+from clients.gpfl import GpflClient
 from fedapps.config import ConfigError
-from fedapps.data import FederatedData, rebalance
+from fedapps.data import DATASETS, FederatedData, rebalance
+from fedapps.models import GpflNet
+from fedapps.runtime import make_model
 from strategies.base import BaseStrategy
 from strategies.fedavg import FedAvg
 from strategies.feddyn import FedDyn
@@ -80,6 +84,12 @@ class Algorithm:
     client: type[BaseClient]
     validate: Callable[[DictConfig], None] = _no_extra_keys
     client_data: Callable[[DictConfig, FederatedData, int, str], Any] = _plain_data
+    model: Callable[[DictConfig], torch.nn.Module] = make_model
+
+
+def _gpfl_model(cfg: DictConfig) -> torch.nn.Module:
+    net = make_model(cfg)  # seeds the initialisation; the extra modules follow deterministically
+    return GpflNet(net, DATASETS[cfg.dataset].num_classes)
 
 
 FEDREB = Algorithm(FedReb, FedRebClient, _validate_fedreb, rebalance.client_data)
@@ -95,6 +105,8 @@ ALGORITHMS: dict[str, Algorithm] = {
                                                           "base-epochs": (">=", 1)}, True)),
     "fedbabu": Algorithm(FedAvg, FedBabuClient, _validated({"finetune-epochs": (">=", 1)}, True)),
     "fedrod": Algorithm(FedAvg, FedRodClient),
+    "gpfl": Algorithm(FedAvg, GpflClient, _validated({"lambda": (">=", 0), "eta": (">=", 0)}),
+                      model=_gpfl_model),
     "fedreb": FEDREB,  # seed 000 (client-scope threshold)
     "fedreg": FEDREB,  # seed 001 (global-scope threshold); same code, other preset
 }

@@ -13,7 +13,7 @@ from fedapps.config import clients_per_round, data_root, to_container
 from fedapps.data import check_available, federated_data
 from fedapps.registry import ALGORITHMS
 from fedapps.results import ResultsWriter
-from fedapps.runtime import algo_params, config_from_run, make_model, run_dir, seed_everything
+from fedapps.runtime import algo_params, config_from_run, run_dir, seed_everything
 
 
 def default_run_name(cfg) -> str:
@@ -27,7 +27,7 @@ def server_fn(context: Context) -> ServerAppComponents:
     seed_everything(int(cfg.seed))
     check_available(cfg.dataset, data_root(cfg), bool(cfg.data.download))
     data = federated_data(cfg)
-    model = make_model(cfg)
+    model = ALGORITHMS[cfg.algorithm].model(cfg)
     out = run_dir(cfg)
     writer = ResultsWriter(out, to_container(cfg), data.summary(), int(cfg.rounds))
     fed = cfg.federation

@@ -221,3 +221,52 @@ def test_fedrod_personal_head_sees_detached_features_and_p_sums_heads():
     z = c.model.base(x)
     assert torch.allclose(p, c.model.head(z) + c.personal(z))
     set_arrays(c.personal, get_arrays(c.personal))  # still a plain head of the model's shape
+
+
+# ---- GPFL -------------------------------------------------------------------------------------
+def test_gce_loss_hand_computed():
+    from clients.gpfl import gce_loss
+
+    z = torch.tensor([[2.0, 0.0]])  # cosine ignores the norm
+    emb = torch.tensor([[1.0, 0.0], [0.0, 3.0]])
+    # cos = [1, 0] -> CE for class 0 = log(1 + e^-1)
+    assert float(gce_loss(z, torch.tensor([0]), emb)) == pytest.approx(np.log(1 + np.exp(-1)))
+
+
+def gpfl_client():
+    from clients.gpfl import GpflClient
+    from fedapps.models import GpflNet
+
+    torch.manual_seed(0)
+    net = GpflNet(build_model("digits-cnn", (1, 8, 8), 10, 2), 10)
+    return GpflClient(net, data(), TrainSettings(1, 8, 0.05, 0.9, 0.0, 0), 0,
+                      algo={"lambda": 0.1, "eta": 0.001})
+
+
+def test_gpfl_conditional_inputs_follow_class_shares():
+    c = gpfl_client()
+    generic, personal = c.conditional_inputs()
+    emb = c.model.gce.weight.detach()
+    shares = torch.bincount(c.data.y_train, minlength=10).float() / len(c.data.y_train)
+    assert torch.allclose(generic, emb.mean(0))
+    assert torch.allclose(personal, (shares[:, None] * emb).sum(0), atol=1e-6)
+
+
+def test_gpfl_uploads_valve_and_inputs_and_p_uses_own_head():
+    c = gpfl_client()
+    start = get_arrays(c.model)
+    out, _, _ = c.fit(start, {"server-round": 1})
+    names = list(c.model.state_dict())
+    sent = dict(zip(names, out, strict=True))
+    received = dict(zip(names, start, strict=True))
+    shares = np.bincount(c.data.y_train.numpy(), minlength=10) / len(c.data.y_train)
+    # inputs come from the GCE the client received; the GCE itself is trained and uploaded
+    np.testing.assert_allclose(sent["personal_input"], shares @ received["gce.weight"],
+                               rtol=1e-5, atol=1e-6)
+    assert not np.array_equal(sent["gce.weight"], received["gce.weight"])
+    _, personal = c.conditional_inputs()
+    x = c.data.x_test
+    g, p = c.predict(x)
+    z = c.model.base(x)
+    assert torch.allclose(p, c.personal(c.model.cov(z, personal)))
+    assert torch.allclose(g, c.model(x))

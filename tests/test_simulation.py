@@ -71,7 +71,7 @@ def test_fedreb_simulation_keeps_personal_heads_across_rounds(tmp_path):
 @pytest.mark.parametrize("algorithm, extra", [
     ("fedprox", []), ("feddyn", []), ("ditto", ["algo.personal-epochs=1"]),
     ("fedper", ["algo.shared-prefix=base."]), ("fedrep", ["algo.head-epochs=1"]),
-    ("fedbabu", ["algo.finetune-epochs=2"]), ("fedrod", []),
+    ("fedbabu", ["algo.finetune-epochs=2"]), ("fedrod", []), ("gpfl", []),
 ])
 def test_baseline_runs_two_rounds_in_a_real_simulation(tmp_path, algorithm, extra):
     sets = ["rounds=2", f"algorithm={algorithm}", f"output.output-dir={tmp_path}",
