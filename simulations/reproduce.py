@@ -33,6 +33,7 @@ class Grid:
     axes: dict[str, list[Any]] = field(default_factory=dict)
     reference: dict[str, dict[str, float]] = field(default_factory=dict)
     source: str = ""
+    cell_overrides: dict[str, list[str]] = field(default_factory=dict)  # by cell label
 
     def cells(self) -> list[dict[str, Any]]:
         keys = list(self.axes)
@@ -57,7 +58,9 @@ def load_grid(name: str) -> Grid:
         return Grid(name, str(raw["experiment"]), [int(s) for s in raw.get("seeds", [0, 1, 2])],
                     {str(k): list(v) for k, v in (raw.get("grid") or {}).items()},
                     {str(k): dict(v) for k, v in (ref.get("values") or {}).items()},
-                    str(ref.get("source", "")))
+                    str(ref.get("source", "")),
+                    {str(k): [str(x) for x in v]
+                     for k, v in (raw.get("cell-overrides") or {}).items()})
     if name in available("experiment"):
         return Grid(name, name, [0, 1, 2])
     raise ConfigError(f"grid {name!r}: no conf/grid/{name}.yaml and no such experiment; grids: "
@@ -86,7 +89,8 @@ def run_grid(grid: Grid, overrides: Sequence[str], out_root: Path, runner: Runne
     plan = []
     for cell in grid.cells():
         for seed in grid.seeds:
-            sets = [*overrides, *(f"{k}={v}" for k, v in cell.items()), f"seed={seed}"]
+            sets = [*overrides, *(f"{k}={v}" for k, v in cell.items()),
+                    *grid.cell_overrides.get(cell_label(cell), []), f"seed={seed}"]
             cfg = load_config(grid.experiment, sets)
             validate(cfg)  # every cell is checked before the first run starts
             plan.append((cell, seed, sets, int(cfg.federation["num-clients"])))
@@ -111,13 +115,17 @@ def mean_std(values: Sequence[float]) -> tuple[float, float]:
     return float(arr.mean()), float(arr.std(ddof=1)) if len(arr) > 1 else 0.0
 
 
-def collect(runs: list[tuple[dict[str, Any], int, Path]]) -> dict[str, list[dict[str, Any]]]:
-    """Completed results.json documents, grouped by cell label."""
+def collect(grid: Grid, out_root: Path) -> dict[str, list[dict[str, Any]]]:
+    """Every completed run of each cell found on disk (any seed), grouped by cell label."""
     by_cell: dict[str, list[dict[str, Any]]] = {}
-    for cell, _seed, run_dir in runs:
-        if is_complete(run_dir):
-            by_cell.setdefault(cell_label(cell), []).append(
-                json.loads((run_dir / "results.json").read_text()))
+    for cell in grid.cells():
+        prefix = run_dir_for(out_root, grid, cell, 0).name[: -len("-s0")]
+        runs = sorted((out_root / grid.name).glob(f"{prefix}-s*"),
+                      key=lambda p: p.name)
+        docs = [json.loads((r / "results.json").read_text()) for r in runs
+                if r.name[len(prefix) + 2:].isdigit() and is_complete(r)]
+        if docs:
+            by_cell[cell_label(cell)] = docs
     return by_cell
 
 
@@ -134,9 +142,10 @@ def table(by_cell: dict[str, list[dict[str, Any]]], grid: Grid) -> str:
                 cells.append(f"{m:.2f} ± {s:.2f}")
             else:
                 cells.append("-")
-        ref = grid.reference.get(label, {})
-        lines.append(f"| {label} | {len(docs)} | {' | '.join(cells)} | {ref.get('G', '-')} | "
-                     f"{ref.get('P', '-')} |")
+        ref = grid.reference.get(label) or {}
+        paper = [ref.get(k) if ref.get(k) is not None else "-" for k in ("G", "P")]
+        lines.append(f"| {label} | {len(docs)} | {' | '.join(cells)} | {paper[0]} | "
+                     f"{paper[1]} |")
     if grid.source:
         lines.append(f"\nPaper: {grid.source}.")
     return "\n".join(lines) + "\n"
@@ -161,8 +170,8 @@ def reproduce(name: str, seeds: int | None, overrides: Sequence[str], out_root: 
     grid = load_grid(name)
     if seeds is not None:
         grid.seeds = list(range(seeds))
-    runs = run_grid(grid, overrides, out_root, runner, log)
-    by_cell = collect(runs)
+    run_grid(grid, overrides, out_root, runner, log)
+    by_cell = collect(grid, out_root)
     out = out_root / grid.name
     out.mkdir(parents=True, exist_ok=True)
     md = table(by_cell, grid)

@@ -63,8 +63,8 @@ def test_grid_resumes_without_rerunning_finished_runs(tmp_path):
 
 
 def test_table_mean_and_sample_std(tmp_path):
-    runs = run_grid(GRID, [], tmp_path, FakeRunner(VALUES), log=lambda s: None)
-    md = table(collect(runs), GRID)
+    run_grid(GRID, [], tmp_path, FakeRunner(VALUES), log=lambda s: None)
+    md = table(collect(GRID, tmp_path), GRID)
     # fedavg best G: 80 and 84 -> mean 82, sample std sqrt(((2^2) * 2) / 1) = 2.83
     assert "| fedavg | 2 | 82.00 ± 2.83 | 82.00 ± 2.83 |" in md
     # fedreb best P: 97 and 99 -> 98.00 ± 1.41; paper numbers beside it
@@ -72,6 +72,22 @@ def test_table_mean_and_sample_std(tmp_path):
            " 98.07 |")
     assert row in md
     assert "Paper: a paper." in md
+
+
+def test_table_counts_every_finished_seed_on_disk(tmp_path):
+    run_grid(GRID, [], tmp_path, FakeRunner(VALUES), log=lambda s: None)
+    one_seed = Grid("g", "quickstart", [0], {"algorithm": ["fedavg", "fedreb"]})
+    assert [len(d) for d in collect(one_seed, tmp_path).values()] == [2, 2]
+
+
+def test_cell_overrides_apply_to_their_cell_only(tmp_path):
+    grid = Grid("h", "quickstart", [0], {"algorithm": ["fedavg", "fedreb"]},
+                cell_overrides={"fedreb": ["algo.threshold=max"]})
+    runner = FakeRunner(VALUES)
+    run_grid(grid, [], tmp_path, runner, log=lambda s: None)
+    sets = {c[2]: c[1] for c in runner.calls}
+    assert "algo.threshold=max" in sets["fedreb-s0"]
+    assert not any("threshold" in s for s in sets["fedavg-s0"])
 
 
 def test_mean_std_edge_cases():
@@ -83,8 +99,8 @@ def test_mean_std_edge_cases():
 def test_plots_are_written(tmp_path):
     from simulations.reproduce import plot_all
 
-    runs = run_grid(GRID, [], tmp_path, FakeRunner(VALUES), log=lambda s: None)
-    paths = plot_all(collect(runs), tmp_path, "g")
+    run_grid(GRID, [], tmp_path, FakeRunner(VALUES), log=lambda s: None)
+    paths = plot_all(collect(GRID, tmp_path), tmp_path, "g")
     assert [p.name for p in paths] == ["curves.png", "client_accuracy.png",
                                        "label_distribution.png"]
     assert all(p.stat().st_size > 2000 for p in paths)
