@@ -109,7 +109,9 @@ def test_plots_are_written(tmp_path):
 def test_grid_files_load_and_labels():
     grid = load_grid("table5.6-fmnist")
     assert grid.experiment == "fedreb-fmnist" and grid.seeds == [0, 1, 2]
-    assert [cell_label(c) for c in grid.cells()] == ["fedavg", "fedreb"]
+    labels = [cell_label(c) for c in grid.cells()]
+    assert labels[0] == "fedavg" and labels[-1] == "fedreb" and len(labels) == 10
+    assert grid.cell_overrides["ditto"] == ["algo.personal-epochs=1"]
     assert grid.reference["fedreb"] == {"G": 87.29, "P": 98.07}
     assert cell_label({"algorithm": "fedavg", "data.alpha": 0.5}) == \
         "algorithm=fedavg,data.alpha=0.5"
