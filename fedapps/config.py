@@ -190,6 +190,8 @@ def validate(cfg: DictConfig, check_data: bool = True) -> None:
     wd = _number(cfg, "train.weight-decay")
     _require(wd >= 0, "train.weight-decay", wd, "must be >= 0")
     _integer(cfg, "eval.eval-every", 1)
+    ef = _number(cfg, "eval.fraction")
+    _require(0 < ef <= 1, "eval.fraction", ef, "must be in (0, 1]")
     _choice(cfg, "wandb.mode", WANDB_MODES)
 
     ALGORITHMS[cfg.algorithm].validate(cfg)

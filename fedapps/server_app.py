@@ -43,6 +43,7 @@ def server_fn(context: Context) -> ServerAppComponents:
         seed=int(cfg.seed),
         min_fit_fraction=float(fed["min-fit-fraction"]),
         eval_every=int(cfg.eval["eval-every"]),
+        eval_fraction=float(cfg.eval.fraction),
         algo=algo_params(cfg),
         on_round=writer.on_round,
     )

@@ -51,6 +51,7 @@ class RoundLog:
 
     round: int
     started: float
+    fit_done: float | None = None  # when aggregation finished: splits fit and eval time
     fit_clients: list[int] = field(default_factory=list)
     bytes_down: int = 0
     bytes_up: int = 0
@@ -87,6 +88,7 @@ class BaseStrategy(Strategy):
         seed: int,
         min_fit_fraction: float = 0.5,
         eval_every: int = 1,
+        eval_fraction: float = 1.0,
         algo: dict[str, Any] | None = None,
         on_round: Callable[[dict[str, Any]], None] | None = None,
         properties_timeout: float = 120.0,
@@ -101,6 +103,7 @@ class BaseStrategy(Strategy):
         self.seed = seed
         self.min_fit_fraction = min_fit_fraction
         self.eval_every = eval_every
+        self.eval_fraction = eval_fraction
         self.algo = algo or {}
         self.on_round = on_round
         self.properties_timeout = properties_timeout
@@ -251,7 +254,18 @@ class BaseStrategy(Strategy):
             return None, {}
         uploads.sort(key=lambda u: u.partition_id)  # arrival order must not change the sum
         self.global_arrays = self.aggregate(server_round, uploads)
+        rlog.fit_done = time.perf_counter()
         return ndarrays_to_parameters(self.global_arrays), {}
+
+    def eval_sample(self, server_round: int, available: Sequence[int]) -> list[int]:
+        """All clients (the evaluation contract), or a seeded `eval_fraction` of them for
+        large federations."""
+        pool = sorted(available)
+        if self.eval_fraction >= 1.0:
+            return pool
+        k = max(1, int(np.ceil(self.eval_fraction * len(pool))))
+        rng = np.random.default_rng([self.seed, server_round, 1])
+        return sorted(int(p) for p in rng.choice(pool, size=k, replace=False))
 
     def eval_due(self, server_round: int) -> bool:
         return server_round % self.eval_every == 0 or server_round == self.num_rounds
@@ -264,7 +278,7 @@ class BaseStrategy(Strategy):
             return []
         clients = self.clients_by_partition(client_manager)
         instructions = []
-        for pid in sorted(clients):
+        for pid in self.eval_sample(server_round, list(clients)):
             params = ndarrays_to_parameters(self.eval_arrays(server_round, pid))
             if self.current:
                 self.current.bytes_down_eval += parameters_nbytes(params)
@@ -322,7 +336,9 @@ class BaseStrategy(Strategy):
 
     def finish_round(self, server_round: int, metrics: dict[str, Any]) -> None:
         rlog = self.round_log(server_round)
-        seconds = time.perf_counter() - rlog.started
+        now = time.perf_counter()
+        seconds = now - rlog.started
+        fit_seconds = (rlog.fit_done or now) - rlog.started
         self.round_seconds.append(seconds)
         record = {
             "round": server_round,
@@ -332,6 +348,8 @@ class BaseStrategy(Strategy):
             "bytes_up": rlog.bytes_up,
             "bytes_down_eval": rlog.bytes_down_eval,
             "seconds": seconds,
+            "fit_seconds": fit_seconds,
+            "eval_seconds": seconds - fit_seconds,
             "fit_clients": rlog.fit_clients,
             "failures": rlog.failures + rlog.rejected,
             "rejected_updates": rlog.rejected,

@@ -34,7 +34,7 @@ def test_clients_per_round():
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (["algorithm=fedfoo"], "algorithm='fedfoo': unknown algorithm; allowed: fedavg"),
+    (["algorithm=fedfoo"], "algorithm='fedfoo': unknown algorithm; allowed: ditto, fedavg,"),
     (["dataset=imagenet"], "dataset='imagenet': unknown dataset; allowed:"),
     (["data.alhpa=0.3"], "data.alhpa: unknown key; allowed here: alpha,"),
     (["nonsense=1"], "nonsense: unknown key"),
@@ -57,6 +57,7 @@ def test_clients_per_round():
     (["train.momentum=1"], "train.momentum=1: must be in [0, 1)"),
     (["wandb.mode=loud"], "wandb.mode='loud': allowed: offline, online, disabled"),
     (["device=tpu"], "device='tpu': allowed: auto, cpu, cuda"),
+    (["eval.fraction=0"], "eval.fraction=0: must be in (0, 1]"),
     (["rounds"], "override 'rounds': expected key=value"),
 ])
 def test_bad_values_name_the_key_and_what_is_allowed(overrides, message):
@@ -90,3 +91,12 @@ def test_cli_config_error_is_one_line_exit_2_without_starting_flower():
     assert proc.returncode == 2
     assert proc.stderr.strip() == "fedapps: config error: data.alpha=-0.5: must be > 0"
     assert "SuperLink" not in proc.stdout + proc.stderr
+
+
+def test_every_algorithm_file_is_registered_and_validates():
+    from fedapps.config import available
+    from fedapps.registry import ALGORITHMS
+
+    assert sorted(ALGORITHMS) == available("algorithm")
+    for name in ALGORITHMS:
+        validate(load_config("quickstart", [f"algorithm={name}"]))

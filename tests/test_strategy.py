@@ -163,3 +163,22 @@ def test_round_record_has_the_contract_keys():
         assert key in rec
     assert rec["global_accuracy"] is None
     assert s.eval_due(2) and s.eval_due(3) and not s.eval_due(1)  # last round always
+
+
+def test_eval_fraction_samples_a_seeded_subset():
+    s = make_strategy(num_clients=10, eval_fraction=0.3)
+    a = s.eval_sample(4, range(10))
+    assert len(a) == 3 and a == make_strategy(num_clients=10, eval_fraction=0.3).eval_sample(
+        4, range(10))
+    assert make_strategy(num_clients=10).eval_sample(4, range(10)) == list(range(10))
+
+
+def test_round_time_is_split_into_fit_and_eval():
+    s = make_strategy()
+    records = []
+    s.on_round = records.append
+    s.aggregate_fit(1, [(None, fit_res(0, client_arrays(1.0)))], [])
+    s.finish_round(1, {})
+    r = records[0]
+    assert r["fit_seconds"] >= 0 and r["eval_seconds"] >= 0
+    assert r["fit_seconds"] + r["eval_seconds"] == pytest.approx(r["seconds"])
