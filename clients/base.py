@@ -8,8 +8,10 @@ batching, seeding, state, counting correct predictions - lives here once.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -45,8 +47,18 @@ EVAL_BATCH = 512  # evaluation batch: bounds activation memory on small devices
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
+def _state_dir(context: Context | None, partition_id: int) -> Path | None:
+    """<state-dir>/run-<run id>/partition-<id>, when the node config names a state-dir."""
+    if context is None or not context.node_config.get("state-dir"):
+        return None
+    root = Path(str(context.node_config["state-dir"]))
+    return root / f"run-{context.run_id}" / f"partition-{partition_id}"
+
+
 class BaseClient(NumPyClient):
     """FedAvg behaviour; subclasses override the hooks."""
+
+    restored_from_disk = False  # set when state came back from state-dir (a restarted node)
 
     def __init__(
         self,
@@ -64,6 +76,7 @@ class BaseClient(NumPyClient):
         self.settings = settings
         self.partition_id = partition_id
         self.state: RecordDict = context.state if context is not None else RecordDict()
+        self.state_dir = _state_dir(context, partition_id)
         self.algo = algo or {}
         self.generator = torch.Generator()
 
@@ -81,7 +94,8 @@ class BaseClient(NumPyClient):
         self.model.train()
         metrics = self.local_train(config) or {}
         return self.upload(), self.num_train_examples(), {
-            "partition-id": self.partition_id, **metrics}
+            "partition-id": self.partition_id, "state-from-disk": int(self.restored_from_disk),
+            **metrics}
 
     def evaluate(self, parameters: list[np.ndarray], config: dict[str, Any]):
         self.seed_generator(config, stream=1)
@@ -179,9 +193,25 @@ class BaseClient(NumPyClient):
         return [p.detach().clone() for p in module.parameters()]
 
     def save_state(self, name: str, arrays: list[np.ndarray]) -> None:
-        """Keep arrays across rounds (Flower's per-node context state)."""
+        """Keep arrays across rounds: in Flower's per-node context state and, when the node
+        config has a `state-dir`, on disk (atomic write) so a restarted SuperNode resumes."""
         self.state[name] = ArrayRecord(numpy_ndarrays=arrays)
+        if self.state_dir is not None:
+            self.state_dir.mkdir(parents=True, exist_ok=True)
+            tmp = self.state_dir / f".{name}.{os.getpid()}.tmp.npz"
+            np.savez(tmp, *arrays)
+            tmp.replace(self.state_dir / f"{name}.npz")
 
     def load_state(self, name: str) -> list[np.ndarray] | None:
+        """Arrays saved earlier in this run: from memory, else from `state-dir`, else None."""
         record = self.state.get(name)
-        return None if record is None else record.to_numpy_ndarrays()
+        if record is not None:
+            return record.to_numpy_ndarrays()
+        path = self.state_dir / f"{name}.npz" if self.state_dir is not None else None
+        if path is None or not path.is_file():
+            return None
+        with np.load(path, allow_pickle=False) as z:
+            arrays = [z[f"arr_{i}"] for i in range(len(z.files))]
+        self.state[name] = ArrayRecord(numpy_ndarrays=arrays)
+        self.restored_from_disk = True
+        return arrays

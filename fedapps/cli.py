@@ -6,8 +6,8 @@ import argparse
 import json
 import signal
 import sys
-import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from fedapps.config import ConfigError, available, load_config, validate
@@ -26,6 +26,24 @@ def build_parser() -> tuple[argparse.ArgumentParser, Any]:
                        help="override a config key, e.g. --set rounds=5 --set data.alpha=0.5")
         if name == "run":
             s.add_argument("--verbose", action="store_true", help="show Flower's whole log")
+    d = sub.add_parser("deploy-local", help="run an experiment on a real SuperLink + SuperNodes "
+                       "(separate processes, loopback gRPC/HTTP)")
+    d.add_argument("experiment")
+    d.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    d.add_argument("--state-dir", default=None,
+                   help="per-node personal state on disk (default: <run dir>/node-state)")
+    d.add_argument("--verbose", action="store_true", help="show Flower's whole log")
+    n = sub.add_parser("node", help="start one SuperNode for this app (e.g. on a Jetson)")
+    n.add_argument("--superlink", required=True, help="SuperLink Fleet address host:port")
+    n.add_argument("--partition-id", type=int, required=True)
+    n.add_argument("--num-partitions", type=int, required=True)
+    n.add_argument("--data-root", default=None)
+    n.add_argument("--dataset", default=None, help="check that data-root holds this dataset")
+    n.add_argument("--state-dir", default=None)
+    n.add_argument("--num-threads", type=int, default=None)
+    n.add_argument("--root-certificates", default=None, help="CA certificate (TLS)")
+    n.add_argument("--auth-key", default=None, help="this node's private key (node auth)")
+    n.add_argument("--check-only", action="store_true", help="validate and exit")
     sub.add_parser("list", help="list experiments, datasets, algorithms and grids")
     return p, sub
 
@@ -54,11 +72,15 @@ def _run(args: argparse.Namespace) -> int:
             gpus = min(1.0, 1.0 / max(n, 1) * 4)  # several clients share one GPU
     print(f"fedapps: {cfg.experiment} ({cfg.algorithm} on {cfg.dataset}, {n} clients, "
           f"{cfg.rounds} rounds) -> {out}", flush=True)
-    started = time.time()
     status = run_experiment(cfg.experiment, args.overrides + [f"output.run-name={out.name}",
                                                                f"output.output-dir={out.parent}"],
                             n, out, gpus_per_client=gpus,
                             show=(lambda line: True) if args.verbose else _show)
+    return _report(status, out)
+
+
+def _report(status: str, out: Path) -> int:
+    """Print the summary; 0 only if the SuperLink and the results file both say completed."""
     results = out / "results.json"
     summary = json.loads(results.read_text())["summary"] if results.is_file() else {}
     if status != "finished:completed" or summary.get("status") != "completed":
@@ -69,11 +91,60 @@ def _run(args: argparse.Namespace) -> int:
         v = summary.get(key)
         return "-" if v is None else f"{100 * v:.2f}%"
 
-    print(f"fedapps: done in {time.time() - started:.0f}s. best G {pct('best_global_accuracy')}"
+    print(f"fedapps: done in {summary['wall_seconds']:.0f}s. best G {pct('best_global_accuracy')}"
           f", best P {pct('best_personal_accuracy')}, final G {pct('final_global_accuracy')}"
           f", final P {pct('final_personal_accuracy')}, EMD {summary['emd']:.3f}")
     print(f"fedapps: results in {out} (results.json, metrics.csv, config.yaml, accuracy.png)")
     return 0
+
+
+def _deploy_local(args: argparse.Namespace) -> int:
+    from fedapps.deploy import run_federation
+    from fedapps.runtime import run_dir
+    from fedapps.server_app import default_run_name
+
+    cfg = _resolve(args.experiment, args.overrides)
+    if not cfg.output["run-name"]:
+        cfg.output["run-name"] = default_run_name(cfg)
+    out = run_dir(cfg)
+    n = int(cfg.federation["num-clients"])
+    state = Path(args.state_dir).resolve() if args.state_dir else out / "node-state"
+    print(f"fedapps: {cfg.experiment} on a local SuperLink + {n} SuperNodes -> {out}",
+          flush=True)
+    from fedapps.config import data_root
+
+    status = run_federation(cfg.experiment, args.overrides, n, out, data_root=data_root(cfg),
+                            state_root=state,
+                            show=(lambda line: True) if args.verbose else _show)
+    return _report(status, out)
+
+
+def _node(args: argparse.Namespace) -> int:
+    """Validate a SuperNode's settings, then become `flower-supernode`."""
+    import os
+    import shutil
+
+    from fedapps.deploy import check_node_settings, node_config
+
+    check_node_settings(args.superlink, args.partition_id, args.num_partitions,
+                        args.data_root, args.dataset, tls=args.root_certificates is not None)
+    if args.check_only:
+        print("fedapps: node settings OK")
+        return 0
+    extra = {"num-threads": str(args.num_threads)} if args.num_threads else None
+    config = node_config(args.partition_id, args.num_partitions,
+                         Path(args.data_root).resolve() if args.data_root else None,
+                         Path(args.state_dir).resolve() if args.state_dir else None, extra)
+    cmd = ["flower-supernode", "--superlink", args.superlink, "--node-config", config]
+    cmd += (["--root-certificates", args.root_certificates] if args.root_certificates
+            else ["--insecure"])
+    if args.auth_key:
+        cmd += ["--auth-supernode-private-key", args.auth_key]
+    exe = shutil.which("flower-supernode")
+    if exe is None:
+        raise ConfigError("flower-supernode not found: install this project (pip install -e .)")
+    os.execv(exe, cmd)
+    return 0  # not reached
 
 
 def _show(line: str) -> bool:
@@ -94,6 +165,10 @@ def main(argv: list[str] | None = None,
     try:
         if handlers and args.command in handlers:
             return handlers[args.command](args)
+        if args.command == "deploy-local":
+            return _deploy_local(args)
+        if args.command == "node":
+            return _node(args)
         if args.command == "list":
             for kind in ("experiment", "dataset", "algorithm", "grid"):
                 print(f"{kind}s: {', '.join(available(kind))}")

@@ -11,6 +11,7 @@ import torch
 from flwr.client import Client, ClientApp
 from flwr.common import Context
 
+from clients.faulty import FaultyClient
 from fedapps.config import ConfigError
 from fedapps.data import federated_data
 from fedapps.registry import ALGORITHMS
@@ -36,6 +37,9 @@ def client_fn(context: Context) -> Client:
     local = spec.client_data(cfg, federated_data(cfg), pid, device)
     client = spec.client(spec.model(cfg), local, train_settings(cfg), pid, context=context,
                          algo=algo_params(cfg), device=device)
+    if node.get("fault"):  # test deployments only (clients/faulty.py)
+        return FaultyClient(client, str(node["fault"]),
+                            float(node.get("fault-seconds", 3600))).to_client()
     return client.to_client()
 
 

@@ -57,7 +57,14 @@ def toml_string(value: str) -> str:
 class LocalSuperLink:
     """A `flower-superlink --simulation` process with its own FLWR_HOME and port."""
 
-    def __init__(self, workdir: Path, startup_timeout: float = 60.0) -> None:
+    def __init__(self, workdir: Path, startup_timeout: float = 60.0, simulation: bool = True,
+                 extra_args: Sequence[str] = (),
+                 connection: dict[str, object] | None = None) -> None:
+        self.simulation = simulation
+        # how `flwr` reaches this SuperLink: insecure by default, or root-certificates for TLS
+        self.connection = connection or {"insecure": True}
+        self.extra_args = list(extra_args)
+        self.workdir = workdir
         self.home = workdir / "flwr-home"
         self.log_path = workdir / "superlink.log"
         self.port = free_port()
@@ -73,12 +80,15 @@ class LocalSuperLink:
 
     def __enter__(self) -> LocalSuperLink:
         self.home.mkdir(parents=True, exist_ok=True)
+        options = "".join(f"{k} = {json.dumps(v)}\n" for k, v in self.connection.items())
         (self.home / "config.toml").write_text(
             f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
-            f'address = "{self.address}"\ninsecure = true\n')
-        cmd = ["flower-superlink", "--insecure", "--simulation", "--isolation", "subprocess",
-               "--disable-runtime-dependency-installation", "--host", "127.0.0.1",
-               "--port", str(self.port), "--database", str(self.home / "state.db")]
+            f'address = "{self.address}"\n{options}')
+        cmd = ["flower-superlink", *(["--simulation"] if self.simulation else []),
+               "--isolation", "subprocess", "--disable-runtime-dependency-installation",
+               "--host", "127.0.0.1", "--port", str(self.port),
+               "--database", str(self.home / "state.db"),
+               *(self.extra_args or ["--insecure"])]
         with open(self.log_path, "ab") as log_file:
             self.process = subprocess.Popen(cmd, env=self.env(), stdout=log_file,
                                             stderr=subprocess.STDOUT, start_new_session=True)
@@ -87,15 +97,21 @@ class LocalSuperLink:
             if self.process.poll() is not None:
                 raise RuntimeError(f"flower-superlink exited with code {self.process.returncode};"
                                    f" see {self.log_path}")
-            try:
-                if httpx.get(f"http://{self.address}/health", timeout=1.0).is_success:
-                    return self
-            except httpx.HTTPError:
-                pass
+            if self.healthy():
+                return self
             time.sleep(0.3)
         self.stop()
         raise RuntimeError(f"flower-superlink did not start within {self.startup_timeout:.0f}s;"
                            f" see {self.log_path}")
+
+    def healthy(self) -> bool:
+        scheme = "http" if self.connection.get("insecure") else "https"
+        verify = self.connection.get("root-certificates", True)
+        try:
+            return httpx.get(f"{scheme}://{self.address}/health", timeout=1.0,
+                             verify=verify).is_success  # type: ignore[arg-type]
+        except httpx.HTTPError:
+            return False
 
     def stop(self) -> None:
         """Stop the SuperLink and everything it spawned (its process group)."""
@@ -141,14 +157,17 @@ def submit(
     gpus_per_client: float = 0.0,
     show: Callable[[str], bool] = default_filter,
     app_dir: Path = APP_DIR,
+    deployment: bool = False,
 ) -> tuple[str | None, str]:
-    """Submit the app, stream its log until it ends; returns (run id, final status)."""
+    """Submit the app, stream its log until it ends; returns (run id, final status).
+    In a deployment the SuperNodes are real processes: no simulation settings are sent."""
     config_file = link.home / "run-config.toml"
     config_file.write_text("".join(f"{k} = {toml_string(v)}\n" for k, v in run_config.items()))
-    federation = (f"num-supernodes={num_supernodes} client-resources-num-cpus={cpus_per_client:g}"
-                  f" client-resources-num-gpus={gpus_per_client:g}")
-    cmd = ["flwr", "run", str(app_dir), CONNECTION, "--stream", "--run-config", str(config_file),
-           "--federation-config", federation]
+    cmd = ["flwr", "run", str(app_dir), CONNECTION, "--stream", "--run-config", str(config_file)]
+    if not deployment:
+        cmd += ["--federation-config",
+                f"num-supernodes={num_supernodes} client-resources-num-cpus={cpus_per_client:g}"
+                f" client-resources-num-gpus={gpus_per_client:g}"]
     run_id = None
     tail: list[str] = []
     proc = subprocess.Popen(cmd, env=link.env(), stdout=subprocess.PIPE,

@@ -76,7 +76,7 @@ class ResultsWriter:
         doc = {"rounds": self.rounds, "summary": self.summary(), "partition": self.partition}
         atomic_write(self.run_dir / "results.json", json.dumps(doc, indent=1))
         if self.rounds:
-            columns = [k for k, v in self.rounds[0].items() if not isinstance(v, list)]
+            columns = [k for k, v in self.rounds[0].items() if not isinstance(v, list | dict)]
             buf = io.StringIO()
             writer = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore")
             writer.writeheader()

@@ -58,6 +58,7 @@ class RoundLog:
     bytes_down_eval: int = 0
     failures: int = 0
     rejected: int = 0
+    fit_metrics: dict[int, dict[str, Scalar]] = field(default_factory=dict)
     failure_reasons: list[str] = field(default_factory=list)
 
 
@@ -127,13 +128,16 @@ class BaseStrategy(Strategy):
             for proxy, res in zip(unknown, answers, strict=True):
                 pid = res.properties.get("partition-id")
                 if isinstance(pid, int) and 0 <= pid < self.num_clients:
+                    # a restarted node comes back with a new id: forget the old one
+                    for old in [c for c, p in self.partition_of.items() if p == pid]:
+                        del self.partition_of[old]
                     self.partition_of[proxy.cid] = pid
                 else:
                     log(WARNING, "node %s reported partition-id %r; ignored", proxy.cid, pid)
         by_pid: dict[int, ClientProxy] = {}
         for cid, proxy in proxies.items():
             if cid in self.partition_of:
-                by_pid[self.partition_of[cid]] = proxy  # a restarted node replaces its old id
+                by_pid[self.partition_of[cid]] = proxy
         return by_pid
 
     def sample(self, server_round: int, available: Sequence[int]) -> list[int]:
@@ -239,6 +243,8 @@ class BaseStrategy(Strategy):
             checked = self.check_upload(res)
             if isinstance(checked, Upload):
                 uploads.append(checked)
+                rlog.fit_metrics[checked.partition_id] = {
+                    k: v for k, v in checked.metrics.items() if k != "partition-id"}
             else:
                 rlog.rejected += 1
                 rlog.failure_reasons.append(checked)
@@ -354,6 +360,7 @@ class BaseStrategy(Strategy):
             "failures": rlog.failures + rlog.rejected,
             "rejected_updates": rlog.rejected,
             "failure_reasons": rlog.failure_reasons,
+            "client_fit_metrics": {str(k): v for k, v in sorted(rlog.fit_metrics.items())},
             **metrics,
         }
         self.current = None

@@ -1,0 +1,142 @@
+"""A real deployment on this machine: one `flower-superlink` and N `flower-supernode`
+processes talking over the loopback network, then `flwr run`, then a clean shutdown.
+
+Each SuperNode gets `--node-config "partition-id=i num-partitions=N data-root=... state-dir=..."`
+exactly as it would on a Jetson or a Raspberry Pi (see deploy/README.md); only the addresses
+differ. Every process started here is stopped by PID on the way out, also on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from fedapps.launcher import LocalSuperLink, default_filter, free_port, submit
+
+
+def node_config(partition_id: int, num_partitions: int, data_root: Path | None,
+                state_dir: Path | None, extra: dict[str, str] | None = None) -> str:
+    """The --node-config string of one SuperNode."""
+    items = {"partition-id": str(partition_id), "num-partitions": str(num_partitions),
+             "num-threads": "1"}
+    if data_root is not None:
+        items["data-root"] = f'"{data_root}"'
+    if state_dir is not None:
+        items["state-dir"] = f'"{state_dir}"'
+    for key, value in (extra or {}).items():
+        items[key] = value if value.replace(".", "").isdigit() else f'"{value}"'
+    return " ".join(f"{k}={v}" for k, v in items.items())
+
+
+class SuperNode:
+    """One `flower-supernode` process in its own process group."""
+
+    def __init__(self, link: LocalSuperLink, index: int, config: str,
+                 extra_args: Sequence[str] = ()) -> None:
+        self.link, self.index, self.config = link, index, config
+        self.extra_args = list(extra_args) or ["--insecure"]
+        self.log_path = link.workdir / f"supernode-{index}.log"
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> SuperNode:
+        cmd = ["flower-supernode", *self.extra_args, "--superlink", self.link.address,
+               "--port", str(free_port()), "--node-config", self.config]
+        env = self.link.env()
+        env["FLWR_HOME"] = str(self.link.workdir / f"node-home-{self.index}")
+        with open(self.log_path, "ab") as log_file:
+            self.process = subprocess.Popen(cmd, env=env, stdout=log_file,
+                                            stderr=subprocess.STDOUT, start_new_session=True)
+        return self
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> None:
+        if not self.alive():
+            return
+        assert self.process is not None
+        try:
+            os.killpg(self.process.pid, sig)
+            self.process.wait(timeout=timeout)
+        except ProcessLookupError:
+            return
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=5)
+
+
+def run_federation(
+    experiment: str,
+    overrides: Sequence[str],
+    num_nodes: int,
+    run_dir: Path,
+    data_root: Path | None = None,
+    state_root: Path | None = None,
+    node_extra: dict[int, dict[str, str]] | None = None,
+    superlink_args: Sequence[str] = (),
+    supernode_args: Sequence[str] = (),
+    connection: dict[str, object] | None = None,
+    show: Callable[[str], bool] = default_filter,
+    during: Callable[[list[SuperNode]], None] | None = None,
+) -> str:
+    """Start a SuperLink and `num_nodes` SuperNodes, run the app, stop everything.
+
+    `during`, if given, runs in a thread while the run is in flight (fault-injection tests use
+    it to kill and restart nodes). Returns the SuperLink's final run status."""
+    import threading
+
+    workdir = Path(tempfile.mkdtemp(prefix="fedapps-deploy-"))
+    run_config = {"experiment": experiment, "overrides": shlex.join(overrides),
+                  "output-dir": str(run_dir.parent), "run-name": run_dir.name}
+    nodes: list[SuperNode] = []
+    with LocalSuperLink(workdir, simulation=False, extra_args=superlink_args,
+                        connection=connection) as link:
+        try:
+            for i in range(num_nodes):
+                state_dir = state_root / f"node-{i}" if state_root else None
+                cfg = node_config(i, num_nodes, data_root, state_dir, (node_extra or {}).get(i))
+                nodes.append(SuperNode(link, i, cfg, supernode_args).start())
+            worker = threading.Thread(target=during, args=(nodes,), daemon=True) if during \
+                else None
+            if worker:
+                worker.start()
+            _, status = submit(link, run_config, 0, show=show, deployment=True)
+            if worker:
+                worker.join(timeout=5)
+        finally:
+            for node in nodes:
+                node.stop()
+            time.sleep(0.2)
+    return status
+
+
+def check_node_settings(superlink: str, partition_id: int, num_partitions: int,
+                        data_root: str | None, dataset: str | None, tls: bool = False) -> None:
+    """One-line ConfigErrors for what a SuperNode would otherwise fail on later."""
+    import httpx
+
+    from fedapps.config import ConfigError
+    from fedapps.data import DATASETS, check_available
+
+    host, sep, port = superlink.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"--superlink={superlink!r}: expected host:port")
+    if not 0 <= partition_id < num_partitions:
+        raise ConfigError(f"--partition-id={partition_id}: must be in 0..{num_partitions - 1} "
+                          f"(--num-partitions={num_partitions})")
+    if dataset is not None:
+        if dataset not in DATASETS:
+            raise ConfigError(f"--dataset={dataset!r}: allowed: {', '.join(sorted(DATASETS))}")
+        check_available(dataset, Path(data_root or "data").resolve(), download=False)
+    scheme = "https" if tls else "http"
+    try:
+        httpx.get(f"{scheme}://{superlink}/health", timeout=3.0, verify=False)
+    except httpx.HTTPError as err:
+        raise ConfigError(f"--superlink={superlink}: cannot reach a SuperLink there "
+                          f"({type(err).__name__})") from None

@@ -1,0 +1,72 @@
+"""Real deployments on loopback: a SuperLink and SuperNode processes, as on edge devices."""
+
+import json
+import signal
+import time
+
+import pytest
+
+from fedapps.deploy import run_federation
+from fedapps.launcher import run_experiment
+
+pytestmark = pytest.mark.integration
+
+QUIET = lambda line: False  # noqa: E731 - keep test output short
+
+
+def rounds(run_dir):
+    return json.loads((run_dir / "results.json").read_text())["rounds"]
+
+
+@pytest.mark.parametrize("experiment", ["quickstart", "fedreb-quick"])
+def test_deployment_gives_the_simulation_numbers(tmp_path, experiment):
+    sets = ["rounds=2", "federation.num-clients=3", "federation.fraction-fit=1.0"]
+    sim, dep = tmp_path / "sim", tmp_path / "dep"
+    assert run_experiment(experiment, sets, 3, sim, show=QUIET) == "finished:completed"
+    assert run_federation(experiment, sets, 3, dep, state_root=tmp_path / "state",
+                          show=QUIET) == "finished:completed"
+    for a, b in zip(rounds(sim), rounds(dep), strict=True):
+        assert a["global_accuracy"] == pytest.approx(b["global_accuracy"], abs=1e-9)
+        assert a["personal_accuracy"] == pytest.approx(b["personal_accuracy"], abs=1e-9)
+        assert a["fit_clients"] == b["fit_clients"]
+
+
+def test_bad_updates_and_crashes_are_counted_not_aggregated(tmp_path):
+    sets = ["rounds=2", "federation.num-clients=5", "federation.fraction-fit=1.0",
+            "federation.min-fit-fraction=0.2", "federation.round-timeout=30"]
+    faults = {1: {"fault": "nan"}, 2: {"fault": "raise"}, 3: {"fault": "shape"},
+              4: {"fault": "hang"}}
+    out = tmp_path / "run"
+    status = run_federation("quickstart", sets, 5, out, node_extra=faults, show=QUIET)
+    assert status == "finished:completed"
+    for r in rounds(out):
+        assert r["rejected_updates"] == 2  # NaN weights and the wrong shape
+        assert r["failures"] == 4  # + the crash and the timeout
+        assert list(r["client_fit_metrics"]) == ["0"]  # only the healthy client is averaged
+        assert any("NaN" in f for f in r["failure_reasons"])
+        assert any("expected" in f for f in r["failure_reasons"])
+    assert rounds(out)[-1]["global_accuracy"] > 0.1
+
+
+def test_restarted_supernode_resumes_its_personal_head_from_state_dir(tmp_path):
+    sets = ["rounds=4", "federation.num-clients=3", "federation.fraction-fit=1.0",
+            "federation.min-fit-fraction=0.3", "federation.round-timeout=45"]
+    out = tmp_path / "run"
+
+    def kill_and_restart(nodes):
+        deadline = time.time() + 600
+        while time.time() < deadline:
+            path = out / "results.json"
+            if path.is_file() and len(json.loads(path.read_text())["rounds"]) >= 2:
+                break
+            time.sleep(0.5)
+        nodes[1].stop(signal.SIGKILL)
+        nodes[1].start()
+
+    status = run_federation("fedreb-quick", sets, 3, out, state_root=tmp_path / "state",
+                            during=kill_and_restart, show=QUIET)
+    assert status == "finished:completed"
+    later = [r["client_fit_metrics"].get("1", {}) for r in rounds(out)[2:]]
+    assert any(m.get("state-from-disk") == 1 for m in later)  # H2 came back from disk
+    assert (tmp_path / "state" / "node-1").is_dir()
+    assert rounds(out)[-1]["personal_accuracy"] > rounds(out)[-1]["global_accuracy"]
