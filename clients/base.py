@@ -47,14 +47,6 @@ EVAL_BATCH = 512  # evaluation batch: bounds activation memory on small devices
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def _state_dir(context: Context | None, partition_id: int) -> Path | None:
-    """<state-dir>/run-<run id>/partition-<id>, when the node config names a state-dir."""
-    if context is None or not context.node_config.get("state-dir"):
-        return None
-    root = Path(str(context.node_config["state-dir"]))
-    return root / f"run-{context.run_id}" / f"partition-{partition_id}"
-
-
 class BaseClient(NumPyClient):
     """FedAvg behaviour; subclasses override the hooks."""
 
@@ -69,6 +61,7 @@ class BaseClient(NumPyClient):
         context: Context | None = None,
         algo: dict[str, Any] | None = None,
         device: str = "cpu",
+        state_dir: Path | None = None,
     ) -> None:
         self.device = torch.device(device)
         self.model = model.to(self.device)
@@ -76,7 +69,7 @@ class BaseClient(NumPyClient):
         self.settings = settings
         self.partition_id = partition_id
         self.state: RecordDict = context.state if context is not None else RecordDict()
-        self.state_dir = _state_dir(context, partition_id)
+        self.state_dir = state_dir  # where save_state also writes, so a restarted node resumes
         self.algo = algo or {}
         self.generator = torch.Generator()
 

@@ -44,6 +44,11 @@ def build_parser() -> tuple[argparse.ArgumentParser, Any]:
     n.add_argument("--root-certificates", default=None, help="CA certificate (TLS)")
     n.add_argument("--auth-key", default=None, help="this node's private key (node auth)")
     n.add_argument("--check-only", action="store_true", help="validate and exit")
+    r = sub.add_parser("resume", help="continue a stopped run from its checkpoint")
+    r.add_argument("run_dir", help="outputs/<run-name> of the run to continue")
+    r.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="e.g. --set rounds=50 to run further than first planned")
+    r.add_argument("--verbose", action="store_true")
     sub.add_parser("list", help="list experiments, datasets, algorithms and grids")
     return p, sub
 
@@ -52,6 +57,22 @@ def _resolve(experiment: str, overrides: list[str]):
     cfg = load_config(experiment, overrides)
     validate(cfg)
     return cfg
+
+
+def _resume(args: argparse.Namespace) -> int:
+    import shlex
+
+    run = Path(args.run_dir).resolve()
+    try:
+        invocation = json.loads((run / "results.json").read_text())["invocation"]
+    except (OSError, KeyError, json.JSONDecodeError):
+        raise ConfigError(f"{run}: no results.json with an invocation to resume") from None
+    if not (run / "checkpoint.npz").is_file():
+        raise ConfigError(f"{run}: no checkpoint.npz (the run stopped before its first round)")
+    args.experiment = invocation["experiment"]
+    args.overrides = [*shlex.split(invocation["overrides"]), f"output.output-dir={run.parent}",
+                      f"output.run-name={run.name}", "output.resume=true", *args.overrides]
+    return _run(args)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -165,6 +186,8 @@ def main(argv: list[str] | None = None,
     try:
         if handlers and args.command in handlers:
             return handlers[args.command](args)
+        if args.command == "resume":
+            return _resume(args)
         if args.command == "deploy-local":
             return _deploy_local(args)
         if args.command == "node":

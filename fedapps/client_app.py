@@ -7,6 +7,10 @@ Data is loaded and partitioned once per process and kept in memory.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
 import torch
 from flwr.client import Client, ClientApp
 from flwr.common import Context
@@ -19,6 +23,7 @@ from fedapps.runtime import algo_params, config_from_run, select_device, train_s
 
 
 def client_fn(context: Context) -> Client:
+    """Build this node's client for one message (Flower calls it per message)."""
     cfg = config_from_run(context.run_config)
     node = context.node_config
     if "partition-id" not in node:
@@ -36,11 +41,22 @@ def client_fn(context: Context) -> Client:
     spec = ALGORITHMS[cfg.algorithm]
     local = spec.client_data(cfg, federated_data(cfg), pid, device)
     client = spec.client(spec.model(cfg), local, train_settings(cfg), pid, context=context,
-                         algo=algo_params(cfg), device=device)
+                         algo=algo_params(cfg), device=device,
+                         state_dir=client_state_dir(node, context.run_config, cfg, pid))
     if node.get("fault"):  # test deployments only (clients/faulty.py)
         return FaultyClient(client, str(node["fault"]),
                             float(node.get("fault-seconds", 3600))).to_client()
     return client.to_client()
+
+
+def client_state_dir(node: Mapping[str, Any], run_config: Mapping[str, Any], cfg,
+                     partition_id: int) -> Path | None:
+    """Personal client state on disk: the node's `state-dir` (deployment) or the run's
+    `client-state-dir` (set by `fedapps run`), keyed by run name so a resumed run finds it."""
+    root = node.get("state-dir") or run_config.get("client-state-dir")
+    if not root:
+        return None
+    return Path(str(root)) / str(cfg.output["run-name"]) / f"partition-{partition_id}"
 
 
 app = ClientApp(client_fn=client_fn)

@@ -198,7 +198,8 @@ def run_experiment(
 ) -> str:
     """Run one experiment in a fresh SuperLink; returns the SuperLink's final status."""
     run_config = {"experiment": experiment, "overrides": shlex.join(overrides),
-                  "output-dir": str(run_dir.parent), "run-name": run_dir.name}
+                  "output-dir": str(run_dir.parent), "run-name": run_dir.name,
+                  "client-state-dir": str(run_dir.parent / ".client-state")}
     workdir = Path(tempfile.mkdtemp(prefix="fedapps-"))
     with LocalSuperLink(workdir) as link:
         _, status = submit(link, run_config, num_supernodes, gpus_per_client=gpus_per_client,

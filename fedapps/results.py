@@ -50,13 +50,19 @@ class ResultsWriter:
     """Receives one record per round from the strategy and keeps the run directory current."""
 
     def __init__(self, run_dir: Path, cfg: dict[str, Any], partition: dict[str, Any],
-                 num_rounds: int) -> None:
+                 num_rounds: int, invocation: dict[str, str] | None = None,
+                 resume_after: int | None = None) -> None:
         self.run_dir = run_dir
         self.cfg = cfg
         self.partition = partition
         self.num_rounds = num_rounds
+        self.invocation = invocation or {}
         self.rounds: list[dict[str, Any]] = []
         self.started = time.time()
+        if resume_after is not None:  # keep the rounds the checkpoint covers, and their time
+            old = json.loads((run_dir / "results.json").read_text())
+            self.rounds = [r for r in old["rounds"] if r["round"] <= resume_after]
+            self.started -= float(old["summary"].get("wall_seconds") or 0.0)
         self.status = "running"
         run_dir.mkdir(parents=True, exist_ok=True)
         atomic_write(run_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.create(cfg)))
@@ -73,7 +79,8 @@ class ResultsWriter:
         }
 
     def _write(self) -> None:
-        doc = {"rounds": self.rounds, "summary": self.summary(), "partition": self.partition}
+        doc = {"rounds": self.rounds, "summary": self.summary(), "partition": self.partition,
+               "invocation": self.invocation}
         atomic_write(self.run_dir / "results.json", json.dumps(doc, indent=1))
         if self.rounds:
             columns = [k for k, v in self.rounds[0].items() if not isinstance(v, list | dict)]

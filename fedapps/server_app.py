@@ -9,7 +9,8 @@ from flwr.common import Context, log
 from flwr.server import ServerApp, ServerAppComponents, ServerConfig
 
 from clients.arrays import get_arrays
-from fedapps.config import clients_per_round, data_root, to_container
+from fedapps import checkpoint
+from fedapps.config import ConfigError, clients_per_round, data_root, to_container
 from fedapps.data import check_available, federated_data
 from fedapps.registry import ALGORITHMS
 from fedapps.results import ResultsWriter
@@ -29,7 +30,13 @@ def server_fn(context: Context) -> ServerAppComponents:
     data = federated_data(cfg)
     model = ALGORITHMS[cfg.algorithm].model(cfg)
     out = run_dir(cfg)
-    writer = ResultsWriter(out, to_container(cfg), data.summary(), int(cfg.rounds))
+    saved = checkpoint.load(out) if cfg.output.resume else None
+    if cfg.output.resume and saved is None:
+        raise ConfigError(f"output.resume=true: no {checkpoint.FILE} in {out}")
+    invocation = {"experiment": str(context.run_config.get("experiment", cfg.experiment)),
+                  "overrides": str(context.run_config.get("overrides", ""))}
+    writer = ResultsWriter(out, to_container(cfg), data.summary(), int(cfg.rounds),
+                           invocation=invocation, resume_after=saved[0] if saved else None)
     fed = cfg.federation
     log(INFO, "[fedapps] %s: %s on %s, %d clients (%d per round), %d rounds, EMD %.3f -> %s",
         cfg.experiment, cfg.algorithm, cfg.dataset, fed["num-clients"], clients_per_round(cfg),
@@ -45,12 +52,24 @@ def server_fn(context: Context) -> ServerAppComponents:
         eval_every=int(cfg.eval["eval-every"]),
         eval_fraction=float(cfg.eval.fraction),
         algo=algo_params(cfg),
-        on_round=writer.on_round,
     )
+
+    def on_round(record: dict) -> None:
+        writer.on_round(record)  # results first: a crash in between repeats this round
+        checkpoint.save(out, record["round"], strategy.global_arrays, strategy.state_arrays())
+
+    strategy.on_round = on_round
+    done = 0
+    if saved is not None:
+        done = saved[0]
+        strategy.resume_from(done, saved[1], saved[2])
+        log(INFO, "[fedapps] resuming %s after round %d", out, done)
+    if done >= int(cfg.rounds):
+        raise ConfigError(f"rounds={cfg.rounds}: the run already completed {done} rounds")
     timeout = fed["round-timeout"]
     return ServerAppComponents(
         strategy=strategy,
-        config=ServerConfig(num_rounds=int(cfg.rounds),
+        config=ServerConfig(num_rounds=int(cfg.rounds) - done,
                             round_timeout=float(timeout) if timeout else None))
 
 

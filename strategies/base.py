@@ -109,6 +109,7 @@ class BaseStrategy(Strategy):
         self.on_round = on_round
         self.properties_timeout = properties_timeout
         self.partition_of: dict[str, int] = {}  # node id (cid) -> partition id
+        self.round_offset = 0  # rounds done before a resume: Flower counts from 1 again
         self.current: RoundLog | None = None
         self.round_seconds: list[float] = []
 
@@ -186,12 +187,28 @@ class BaseStrategy(Strategy):
         return self.merge(weighted_average([u.arrays for u in uploads],
                                            [u.num_examples for u in uploads]))
 
+    def state_arrays(self) -> dict[str, list[np.ndarray]]:
+        """Server state beyond the global model that a checkpoint must keep (e.g. FedDyn's h)."""
+        return {}
+
+    def load_state_arrays(self, state: dict[str, list[np.ndarray]]) -> None:
+        """Restore what `state_arrays` returned."""
+
+    def resume_from(self, completed_round: int, global_arrays: list[np.ndarray],
+                    state: dict[str, list[np.ndarray]]) -> None:
+        """Continue after `completed_round`: sampling and client seeds depend only on
+        (seed, round), so nothing else needs restoring."""
+        self.round_offset = completed_round
+        self.global_arrays = [np.asarray(a) for a in global_arrays]
+        self.load_state_arrays(state)
+
     # ---- Strategy API -----------------------------------------------------------------------
     def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
         return ndarrays_to_parameters(self.global_arrays)
 
     def configure_fit(self, server_round: int, parameters: Parameters,
                       client_manager: ClientManager) -> list[tuple[ClientProxy, FitIns]]:
+        server_round += self.round_offset
         self.current = RoundLog(server_round, time.perf_counter())
         clients = self.clients_by_partition(client_manager)
         chosen = self.sample(server_round, list(clients))
@@ -236,6 +253,7 @@ class BaseStrategy(Strategy):
         results: list[tuple[ClientProxy, FitRes]],
         failures: list[tuple[ClientProxy, FitRes] | BaseException],
     ) -> tuple[Parameters | None, dict[str, Scalar]]:
+        server_round += self.round_offset
         rlog = self.round_log(server_round)
         uploads: list[Upload] = []
         for _, res in results:
@@ -279,6 +297,7 @@ class BaseStrategy(Strategy):
     def configure_evaluate(self, server_round: int, parameters: Parameters,
                            client_manager: ClientManager
                            ) -> list[tuple[ClientProxy, EvaluateIns]]:
+        server_round += self.round_offset
         if not self.eval_due(server_round):
             self.finish_round(server_round, {})
             return []
@@ -297,6 +316,7 @@ class BaseStrategy(Strategy):
         results: list[tuple[ClientProxy, EvaluateRes]],
         failures: list[tuple[ClientProxy, EvaluateRes] | BaseException],
     ) -> tuple[float | None, dict[str, Scalar]]:
+        server_round += self.round_offset
         metrics = self.evaluation_metrics([res for _, res in results])
         metrics["eval_failures"] = len(failures)
         self.finish_round(server_round, metrics)

@@ -20,3 +20,9 @@ class FedDyn(BaseStrategy):
         theta, self.h = feddyn_update(self.global_arrays, [u.arrays for u in uploads], self.h,
                                       float(self.algo.get("alpha", 0.01)), self.num_clients)
         return theta
+
+    def state_arrays(self) -> dict[str, list[np.ndarray]]:
+        return {"h": self.h}
+
+    def load_state_arrays(self, state: dict[str, list[np.ndarray]]) -> None:
+        self.h = [np.asarray(a, dtype=np.float64) for a in state["h"]]

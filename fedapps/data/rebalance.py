@@ -121,8 +121,25 @@ class Rebalanced:
 
 def build(fd, partition_id: int, dataset: str, scope: str, stat: str, kind: str,
           seed: int) -> Rebalanced:
-    """D_r of one client from its train split (`fd` is a fedapps.data.FederatedData)."""
+    """D_r of one client from its train split (`fd` is a fedapps.data.FederatedData).
+
+    The uint8 images are cached on disk (allow_pickle=False), so a process that handles one
+    message (a real SuperNode starts one per message) does not augment again."""
+    import hashlib
+    import json
+    import os
+
+    from fedapps.data.datasets import cache_dir
+
     idx = fd.train_idx[partition_id]
+    key = json.dumps([dataset, scope, stat, kind, seed, partition_id,
+                      hashlib.sha256(idx.tobytes()).hexdigest()[:16], 1])
+    path = (cache_dir() / "rebalanced" /
+            f"{dataset}-{hashlib.sha256(key.encode()).hexdigest()[:20]}.npz")
+    if path.is_file():
+        with np.load(path, allow_pickle=False) as z:
+            x, y, meta = torch.from_numpy(z["x"]), torch.from_numpy(z["y"]), z["meta"]
+        return Rebalanced(fd.normalize(x), y, int(meta[0]), int(meta[1]), int(meta[2]))
     labels = fd.pool.y[idx].numpy()
     counts = np.bincount(labels, minlength=fd.pool.num_classes)
     if scope == "global":
@@ -136,8 +153,12 @@ def build(fd, partition_id: int, dataset: str, scope: str, stat: str, kind: str,
                      seed=seed * 100_003 + partition_id)
     x = torch.cat([raw[p.originals], copies])
     y = torch.from_numpy(np.concatenate([labels[p.originals], labels[p.to_augment]]))
-    return Rebalanced(fd.normalize(x), y, target, effective_samples(counts, target),
-                      len(p.to_augment))
+    meta = np.array([target, effective_samples(counts, target), len(p.to_augment)])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.npz")
+    np.savez(tmp, x=x.numpy(), y=y.numpy(), meta=meta)
+    tmp.replace(path)
+    return Rebalanced(fd.normalize(x), y, int(meta[0]), int(meta[1]), int(meta[2]))
 
 
 def client_data(cfg, fd, partition_id: int, device: str):
