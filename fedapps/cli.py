@@ -32,6 +32,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, Any]:
     d.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     d.add_argument("--state-dir", default=None,
                    help="per-node personal state on disk (default: <run dir>/node-state)")
+    d.add_argument("--tls", metavar="DIR", default=None,
+                   help="TLS + SuperNode authentication with the certificates and keys of "
+                        "deploy/make_certs.py in DIR (made there if DIR is empty)")
     d.add_argument("--verbose", action="store_true", help="show Flower's whole log")
     n = sub.add_parser("node", help="start one SuperNode for this app (e.g. on a Jetson)")
     n.add_argument("--superlink", required=True, help="SuperLink Fleet address host:port")
@@ -136,6 +139,7 @@ def _deploy_local(args: argparse.Namespace) -> int:
 
     status = run_federation(cfg.experiment, args.overrides, n, out, data_root=data_root(cfg),
                             state_root=state,
+                            secure=Path(args.tls).resolve() if args.tls else None,
                             show=(lambda line: True) if args.verbose else _show)
     return _report(status, out)
 

@@ -84,14 +84,19 @@ def run_federation(
     connection: dict[str, object] | None = None,
     show: Callable[[str], bool] = default_filter,
     during: Callable[[list[SuperNode]], None] | None = None,
+    secure: Path | None = None,
 ) -> str:
     """Start a SuperLink and `num_nodes` SuperNodes, run the app, stop everything.
 
+    `secure`: a folder of deploy/make_certs.py output (made there if empty): TLS on every
+    connection and SuperNode authentication, each node registered with its public key.
     `during`, if given, runs in a thread while the run is in flight (fault-injection tests use
     it to kill and restart nodes). Returns the SuperLink's final run status."""
     import threading
 
     workdir = Path(tempfile.mkdtemp(prefix="fedapps-deploy-"))
+    if secure is not None:
+        superlink_args, connection = tls_superlink(secure, num_nodes)
     run_config = {"experiment": experiment, "overrides": shlex.join(overrides),
                   "output-dir": str(run_dir.parent), "run-name": run_dir.name}
     nodes: list[SuperNode] = []
@@ -99,6 +104,9 @@ def run_federation(
                         connection=connection) as link:
         try:
             for i in range(num_nodes):
+                if secure is not None:
+                    register(link, secure / f"node-{i}.pub")
+                    supernode_args = tls_supernode(secure, i)
                 state_dir = state_root / f"node-{i}" if state_root else None
                 cfg = node_config(i, num_nodes, data_root, state_dir, (node_extra or {}).get(i))
                 nodes.append(SuperNode(link, i, cfg, supernode_args).start())
@@ -114,6 +122,39 @@ def run_federation(
                 node.stop()
             time.sleep(0.2)
     return status
+
+
+def tls_superlink(secure: Path, num_nodes: int) -> tuple[list[str], dict[str, object]]:
+    """SuperLink arguments and `flwr` connection options for TLS + node authentication."""
+    if not (secure / "server.pem").is_file():
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location(
+            "make_certs", Path(__file__).resolve().parent.parent / "deploy" / "make_certs.py")
+        assert spec and spec.loader
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        module.make_all(secure, ["127.0.0.1", "localhost"], num_nodes)
+    args = ["--ssl-certfile", str(secure / "server.pem"), "--ssl-keyfile",
+            str(secure / "server.key"), "--ssl-ca-certfile", str(secure / "ca.pem"),
+            "--enable-supernode-auth"]
+    return args, {"root-certificates": str(secure / "ca.pem")}
+
+
+def tls_supernode(secure: Path, index: int) -> list[str]:
+    return ["--root-certificates", str(secure / "ca.pem"),
+            "--auth-supernode-private-key", str(secure / f"node-{index}")]
+
+
+def register(link: LocalSuperLink, public_key: Path) -> None:
+    """`flwr supernode register`: only registered public keys may join the federation."""
+    from fedapps.launcher import CONNECTION
+
+    proc = subprocess.run(["flwr", "supernode", "register", str(public_key), CONNECTION],
+                          env=link.env(), capture_output=True, text=True, timeout=60)
+    if proc.returncode != 0:
+        raise RuntimeError(f"registering {public_key.name} failed: {proc.stdout[-500:]}"
+                           f"{proc.stderr[-500:]}")
 
 
 def check_node_settings(superlink: str, partition_id: int, num_partitions: int,

@@ -34,6 +34,7 @@ class Grid:
     reference: dict[str, dict[str, float]] = field(default_factory=dict)
     source: str = ""
     cell_overrides: dict[str, list[str]] = field(default_factory=dict)  # by cell label
+    overrides: list[str] = field(default_factory=list)  # for every cell (the table's setting)
 
     def cells(self) -> list[dict[str, Any]]:
         keys = list(self.axes)
@@ -60,7 +61,8 @@ def load_grid(name: str) -> Grid:
                     {str(k): dict(v) for k, v in (ref.get("values") or {}).items()},
                     str(ref.get("source", "")),
                     {str(k): [str(x) for x in v]
-                     for k, v in (raw.get("cell-overrides") or {}).items()})
+                     for k, v in (raw.get("cell-overrides") or {}).items()},
+                    [str(x) for x in raw.get("overrides") or []])
     if name in available("experiment"):
         return Grid(name, name, [0, 1, 2])
     raise ConfigError(f"grid {name!r}: no conf/grid/{name}.yaml and no such experiment; grids: "
@@ -89,7 +91,7 @@ def run_grid(grid: Grid, overrides: Sequence[str], out_root: Path, runner: Runne
     plan = []
     for cell in grid.cells():
         for seed in grid.seeds:
-            sets = [*overrides, *(f"{k}={v}" for k, v in cell.items()),
+            sets = [*grid.overrides, *overrides, *(f"{k}={v}" for k, v in cell.items()),
                     *grid.cell_overrides.get(cell_label(cell), []), f"seed={seed}"]
             cfg = load_config(grid.experiment, sets)
             validate(cfg)  # every cell is checked before the first run starts

@@ -70,3 +70,33 @@ def test_restarted_supernode_resumes_its_personal_head_from_state_dir(tmp_path):
     assert any(m.get("state-from-disk") == 1 for m in later)  # H2 came back from disk
     assert (tmp_path / "state" / "node-1").is_dir()
     assert rounds(out)[-1]["personal_accuracy"] > rounds(out)[-1]["global_accuracy"]
+
+
+def test_tls_and_node_authentication(tmp_path):
+    from fedapps.deploy import SuperNode, node_config
+
+    secure = tmp_path / "certs"
+    refused = {}
+
+    def intruder(nodes):
+        # a node whose key was never registered tries to join the same federation
+        from importlib.util import module_from_spec, spec_from_file_location
+        from pathlib import Path
+
+        spec = spec_from_file_location("mc", Path(__file__).parents[1] / "deploy" / "make_certs.py")
+        mc = module_from_spec(spec)
+        spec.loader.exec_module(mc)
+        mc.make_node_key(secure, 9)
+        node = SuperNode(nodes[0].link, 9, node_config(0, 2, None, None),
+                         ["--root-certificates", str(secure / "ca.pem"),
+                          "--auth-supernode-private-key", str(secure / "node-9")]).start()
+        node.process.wait(timeout=120)
+        refused["code"] = node.process.returncode
+        refused["log"] = node.log_path.read_text()
+
+    out = tmp_path / "run"
+    status = run_federation("quickstart", ["rounds=2", "federation.num-clients=2"], 2, out,
+                            secure=secure, during=intruder, show=QUIET)
+    assert status == "finished:completed"
+    assert rounds(out)[-1]["global_accuracy"] > 0.1
+    assert refused["code"] != 0 and "Failed to activate SuperNode" in refused["log"]

@@ -116,3 +116,17 @@ def test_grid_files_load_and_labels():
     assert cell_label({"algorithm": "fedavg", "data.alpha": 0.5}) == \
         "algorithm=fedavg,data.alpha=0.5"
     assert load_grid("quickstart").cells() == [{}]
+
+
+def test_every_grid_file_validates_and_references_its_cells():
+    from fedapps.config import available, load_config, validate
+
+    for name in available("grid"):
+        grid = load_grid(name)
+        labels = set()
+        for cell in grid.cells():
+            labels.add(cell_label(cell))
+            sets = [*grid.overrides, *(f"{k}={v}" for k, v in cell.items()),
+                    *grid.cell_overrides.get(cell_label(cell), [])]
+            validate(load_config(grid.experiment, sets), check_data=False)
+        assert set(grid.reference) <= labels, name  # paper numbers only for cells that run
