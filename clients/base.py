@@ -105,6 +105,7 @@ class BaseClient(NumPyClient):
                 correct_p += int((logits_p.argmax(1) == yb).sum())
         return loss_sum / max(len(y), 1), len(y), {
             "partition-id": self.partition_id,
+            "state-from-disk": int(self.restored_from_disk),
             "correct-global": correct_g,
             "correct-personal": correct_p,
         }

@@ -78,22 +78,27 @@ def _resume(args: argparse.Namespace) -> int:
     return _run(args)
 
 
-def _run(args: argparse.Namespace) -> int:
-    from fedapps.launcher import run_experiment
+def _named_run(args: argparse.Namespace):
+    """The validated config, its run directory (named now if unnamed) and its client count."""
     from fedapps.runtime import run_dir
     from fedapps.server_app import default_run_name
 
     cfg = _resolve(args.experiment, args.overrides)
     if not cfg.output["run-name"]:
         cfg.output["run-name"] = default_run_name(cfg)
-    out = run_dir(cfg)
-    n = int(cfg.federation["num-clients"])
+    return cfg, run_dir(cfg), int(cfg.federation["num-clients"])
+
+
+def _run(args: argparse.Namespace) -> int:
+    from fedapps.launcher import run_experiment
+
+    cfg, out, n = _named_run(args)
     gpus = 0.0
     if cfg.device != "cpu":
         import torch
 
         if torch.cuda.is_available():
-            gpus = min(1.0, 1.0 / max(n, 1) * 4)  # several clients share one GPU
+            gpus = 0.25  # four clients train at a time on one GPU
     print(f"fedapps: {cfg.experiment} ({cfg.algorithm} on {cfg.dataset}, {n} clients, "
           f"{cfg.rounds} rounds) -> {out}", flush=True)
     status = run_experiment(cfg.experiment, args.overrides + [f"output.run-name={out.name}",
@@ -123,20 +128,13 @@ def _report(status: str, out: Path) -> int:
 
 
 def _deploy_local(args: argparse.Namespace) -> int:
+    from fedapps.config import data_root
     from fedapps.deploy import run_federation
-    from fedapps.runtime import run_dir
-    from fedapps.server_app import default_run_name
 
-    cfg = _resolve(args.experiment, args.overrides)
-    if not cfg.output["run-name"]:
-        cfg.output["run-name"] = default_run_name(cfg)
-    out = run_dir(cfg)
-    n = int(cfg.federation["num-clients"])
+    cfg, out, n = _named_run(args)
     state = Path(args.state_dir).resolve() if args.state_dir else out / "node-state"
     print(f"fedapps: {cfg.experiment} on a local SuperLink + {n} SuperNodes -> {out}",
           flush=True)
-    from fedapps.config import data_root
-
     status = run_federation(cfg.experiment, args.overrides, n, out, data_root=data_root(cfg),
                             state_root=state,
                             secure=Path(args.tls).resolve() if args.tls else None,

@@ -352,6 +352,10 @@ class BaseStrategy(Strategy):
             **_percentiles([a for a in per_p if a is not None], "personal_client"),
             "client_global_accuracy": per_g,
             "client_personal_accuracy": per_p,
+            # clients whose personal state came back from state-dir (a restarted node)
+            "clients_state_from_disk": sorted(
+                int(r.metrics["partition-id"]) for r in results
+                if r.metrics.get("state-from-disk") == 1),
         }
 
     def round_log(self, server_round: int) -> RoundLog:

@@ -51,3 +51,23 @@ def test_state_survives_in_context_records():
     assert client.load_state("h2") is None
     client.save_state("h2", [np.arange(3.0)])
     np.testing.assert_array_equal(client.load_state("h2")[0], np.arange(3.0))
+
+
+def test_state_dir_brings_state_back_after_a_restart(tmp_path):
+    from flwr.common import Context, RecordDict
+
+    def node():  # a fresh node process: empty in-memory state
+        return Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={})
+
+    first = make_client()
+    first.__init__(first.model, first.data, first.settings, 0, context=node(), state_dir=tmp_path)
+    first.save_state("head", [np.arange(4.0), np.ones((2, 2), np.float32)])
+    assert (tmp_path / "head.npz").is_file() and not list(tmp_path.glob(".*tmp*"))
+    again = make_client()
+    again.__init__(again.model, again.data, again.settings, 0, context=node(), state_dir=tmp_path)
+    assert not again.restored_from_disk
+    arrays = again.load_state("head")
+    assert again.restored_from_disk
+    np.testing.assert_array_equal(arrays[0], np.arange(4.0))
+    assert arrays[1].dtype == np.float32
+    assert again.load_state("missing") is None

@@ -66,8 +66,12 @@ def test_restarted_supernode_resumes_its_personal_head_from_state_dir(tmp_path):
     status = run_federation("fedreb-quick", sets, 3, out, state_root=tmp_path / "state",
                             during=kill_and_restart, show=QUIET)
     assert status == "finished:completed"
-    later = [r["client_fit_metrics"].get("1", {}) for r in rounds(out)[2:]]
-    assert any(m.get("state-from-disk") == 1 for m in later)  # H2 came back from disk
+    done = rounds(out)
+    # the restarted node's first message (fit or evaluation) loaded H2 from its state-dir
+    restored = [r.get("clients_state_from_disk", []) for r in done[2:]] + \
+        [[1] if r["client_fit_metrics"].get("1", {}).get("state-from-disk") else [] for r in done]
+    assert any(1 in r for r in restored)
+    assert not any(r.get("clients_state_from_disk") for r in done[:2])  # nothing before
     assert (tmp_path / "state" / "node-1").is_dir()
     assert rounds(out)[-1]["personal_accuracy"] > rounds(out)[-1]["global_accuracy"]
 
