@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord
+from flwr.app import ArrayRecord, ConfigRecord
 from flwr.client import NumPyClient
 from flwr.common import Context, RecordDict
 from torch import nn
@@ -50,7 +50,7 @@ LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 class BaseClient(NumPyClient):
     """FedAvg behaviour; subclasses override the hooks."""
 
-    restored_from_disk = False  # set when state came back from state-dir (a restarted node)
+    RESTORED = "fedapps.restored-from-disk"  # node-state marker: this node reloaded its state
 
     def __init__(
         self,
@@ -207,5 +207,11 @@ class BaseClient(NumPyClient):
         with np.load(path, allow_pickle=False) as z:
             arrays = [z[f"arr_{i}"] for i in range(len(z.files))]
         self.state[name] = ArrayRecord(numpy_ndarrays=arrays)
-        self.restored_from_disk = True
+        self.state[self.RESTORED] = ConfigRecord({"from-disk": 1})
         return arrays
+
+    @property
+    def restored_from_disk(self) -> bool:
+        """Whether this node (since it started) reloaded its state from `state-dir`: the first
+        message to a restarted SuperNode may be any message, so the node state remembers it."""
+        return self.RESTORED in self.state
