@@ -42,7 +42,8 @@ def client_fn(context: Context) -> Client:
     local = spec.client_data(cfg, federated_data(cfg), pid, device)
     client = spec.client(spec.model(cfg), local, train_settings(cfg), pid, context=context,
                          algo=algo_params(cfg), device=device,
-                         state_dir=client_state_dir(node, context.run_config, cfg, pid))
+                         state_dir=client_state_dir(node, context.run_config, cfg, pid),
+                         **spec.client_kwargs(cfg))
     if node.get("fault"):  # test deployments only (clients/faulty.py)
         return FaultyClient(client, str(node["fault"]),
                             float(node.get("fault-seconds", 3600))).to_client()

@@ -111,3 +111,62 @@ class GpflNet(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """The global model: aggregated head on features valved by the aggregated input."""
         return self.head(self.cov(self.base(x), self.personal_input))
+
+
+class Scaler(nn.Module):
+    """HeteroFL's scaler: divide by the capacity beta in training, identity in evaluation, so a
+    sub-model's activations match the full model's scale."""
+
+    def __init__(self, beta: float) -> None:
+        super().__init__()
+        self.beta = beta
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x / self.beta if self.training else x
+
+
+class WidthCNN(nn.Module):
+    """HeteroFL-style CNN whose every hidden layer has floor(beta * width) channels: blocks of
+    Conv3x3 - Scaler - static BatchNorm (no running statistics) - ReLU - MaxPool, then global
+    average pooling and a classifier that keeps all outputs (seed 004, DECISIONS)."""
+
+    def __init__(self, in_channels: int, num_classes: int, hidden: tuple[int, ...],
+                 beta: float = 1.0) -> None:
+        super().__init__()
+        widths = [max(1, int(np.floor(beta * h + 1e-9))) for h in hidden]
+        layers: list[nn.Module] = []
+        prev = in_channels
+        for i, w in enumerate(widths):
+            layers += [nn.Conv2d(prev, w, 3, padding=1), Scaler(beta),
+                       nn.BatchNorm2d(w, momentum=None, track_running_stats=False), nn.ReLU()]
+            if i < len(widths) - 1:
+                layers.append(nn.MaxPool2d(2))
+            prev = w
+        self.features = nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        self.classifier = nn.Linear(prev, num_classes)
+        self.hidden = tuple(hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(x))
+
+    def param_groups(self) -> list[tuple[str | None, ...]]:
+        """Per state entry, the width group of each dimension (strategies.submodel.ParamSpec):
+        layers of equal width share a group; the input and the classifier outputs stay whole."""
+        groups: list[tuple[str | None, ...]] = []
+        prev: str | None = None
+        for name, value in self.state_dict().items():
+            if name.startswith("classifier"):
+                groups.append((None, prev) if value.dim() == 2 else (None,))
+                continue
+            layer = int(name.split(".")[1])
+            block = sum(isinstance(m, nn.Conv2d) for m in list(self.features)[: layer + 1]) - 1
+            group = f"w{self.hidden[block]}"
+            if value.dim() == 4:  # conv weight [out, in, k, k]
+                groups.append((group, prev, None, None))
+                prev = group
+            else:  # conv bias, BatchNorm weight and bias
+                groups.append((group,))
+        return groups
+
+    def group_widths(self) -> dict[str, int]:
+        return {f"w{h}": h for h in self.hidden}

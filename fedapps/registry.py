@@ -24,14 +24,16 @@ from clients.fedreb import FedRebClient
 from clients.fedrep import FedRepClient
 from clients.fedrod import FedRodClient
 from clients.gpfl import GpflClient
+from clients.partial import PartialClient
 from fedapps.config import ConfigError
 from fedapps.data import DATASETS, FederatedData, rebalance
-from fedapps.models import GpflNet
+from fedapps.models import GpflNet, WidthCNN
 from fedapps.runtime import make_model
 from strategies.base import BaseStrategy
 from strategies.fedavg import FedAvg
 from strategies.feddyn import FedDyn
 from strategies.fedreb import FedReb
+from strategies.partial import FedDropout, FedRolex, HeteroFL
 
 
 def _no_extra_keys(cfg: DictConfig) -> None:
@@ -85,6 +87,39 @@ class Algorithm:
     validate: Callable[[DictConfig], None] = _no_extra_keys
     client_data: Callable[[DictConfig, FederatedData, int, str], Any] = _plain_data
     model: Callable[[DictConfig], torch.nn.Module] = make_model
+    # extra constructor arguments of the strategy (given the global model) and of the client
+    strategy_kwargs: Callable[[DictConfig, torch.nn.Module], dict[str, Any]] = \
+        lambda cfg, model: {}
+    client_kwargs: Callable[[DictConfig], dict[str, Any]] = lambda cfg: {}
+    official_test: bool = False  # also evaluate the global model on the official test split
+
+
+def _width_cnn(cfg: DictConfig, beta: float = 1.0) -> WidthCNN:
+    info = DATASETS[cfg.dataset]
+    torch.manual_seed(int(cfg.seed))
+    return WidthCNN(info.shape[0], info.num_classes, tuple(int(h) for h in cfg.algo.hidden), beta)
+
+
+def _validate_partial(cfg: DictConfig) -> None:
+    _choices(cfg, {"capacity": ("uniform", "rho", "income"),
+                   "assignment": ("dynamic", "fixed")})
+    levels = list(cfg.algo.levels)
+    if not levels or any(not isinstance(b, int | float) or not 0 < b <= 1 for b in levels):
+        raise ConfigError(f"algo.levels={levels}: capacities must be in (0, 1]")
+    hidden = list(cfg.algo.hidden)
+    if not hidden or any(not isinstance(h, int) or h < 1 for h in hidden):
+        raise ConfigError(f"algo.hidden={hidden}: channel counts must be integers >= 1")
+    _numbers(cfg, {"rho": (">=", 0), "server-scale": (">=", 1)})
+
+
+PARTIAL = {
+    "validate": _validate_partial,
+    "model": _width_cnn,
+    "strategy_kwargs": lambda cfg, model: {"specs": model.param_groups(),
+                                           "widths": model.group_widths()},
+    "client_kwargs": lambda cfg: {"model_factory": lambda beta: _width_cnn(cfg, beta)},
+    "official_test": True,
+}
 
 
 def _gpfl_model(cfg: DictConfig) -> torch.nn.Module:
@@ -105,6 +140,9 @@ ALGORITHMS: dict[str, Algorithm] = {
                                                           "base-epochs": (">=", 1)}, True)),
     "fedbabu": Algorithm(FedAvg, FedBabuClient, _validated({"finetune-epochs": (">=", 1)}, True)),
     "fedrod": Algorithm(FedAvg, FedRodClient),
+    "fedrolex": Algorithm(FedRolex, PartialClient, **PARTIAL),
+    "heterofl": Algorithm(HeteroFL, PartialClient, **PARTIAL),
+    "feddropout": Algorithm(FedDropout, PartialClient, **PARTIAL),
     "gpfl": Algorithm(FedAvg, GpflClient, _validated({"lambda": (">=", 0), "eta": (">=", 0)}),
                       model=_gpfl_model),
     "fedreb": FEDREB,  # seed 000 (client-scope threshold)

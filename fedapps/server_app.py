@@ -21,6 +21,31 @@ def default_run_name(cfg) -> str:
     return f"{cfg.experiment}-{cfg.algorithm}-s{cfg.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
+def official_test_eval(cfg, data):
+    """Accuracy and loss of the full global model on the dataset's official test split."""
+    import torch
+    from torch.nn import functional as F
+
+    from clients.arrays import set_arrays
+
+    x, y = data.official_test()
+    model = ALGORITHMS[cfg.algorithm].model(cfg)
+
+    def evaluate(arrays: list) -> dict[str, float]:
+        set_arrays(model, arrays)
+        model.eval()
+        correct, loss = 0, 0.0
+        with torch.no_grad():
+            for start in range(0, len(y), 1024):
+                logits = model(x[start:start + 1024])
+                loss += float(F.cross_entropy(logits, y[start:start + 1024], reduction="sum"))
+                correct += int((logits.argmax(1) == y[start:start + 1024]).sum())
+        return {"official_test_accuracy": correct / max(len(y), 1),
+                "official_test_loss": loss / max(len(y), 1)}
+
+    return evaluate
+
+
 def server_fn(context: Context) -> ServerAppComponents:
     cfg = config_from_run(context.run_config)
     if not cfg.output["run-name"]:
@@ -41,7 +66,8 @@ def server_fn(context: Context) -> ServerAppComponents:
     log(INFO, "[fedapps] %s: %s on %s, %d clients (%d per round), %d rounds, EMD %.3f -> %s",
         cfg.experiment, cfg.algorithm, cfg.dataset, fed["num-clients"], clients_per_round(cfg),
         cfg.rounds, data.summary()["emd"], out)
-    strategy = ALGORITHMS[cfg.algorithm].strategy(
+    spec = ALGORITHMS[cfg.algorithm]
+    strategy = spec.strategy(
         initial_arrays=get_arrays(model),
         array_names=list(model.state_dict()),
         num_rounds=int(cfg.rounds),
@@ -52,6 +78,8 @@ def server_fn(context: Context) -> ServerAppComponents:
         eval_every=int(cfg.eval["eval-every"]),
         eval_fraction=float(cfg.eval.fraction),
         algo=algo_params(cfg),
+        central_eval=official_test_eval(cfg, data) if spec.official_test else None,
+        **spec.strategy_kwargs(cfg, model),
     )
 
     def on_round(record: dict) -> None:

@@ -59,6 +59,7 @@ class RoundLog:
     failures: int = 0
     rejected: int = 0
     fit_metrics: dict[int, dict[str, Scalar]] = field(default_factory=dict)
+    central: dict[str, float] = field(default_factory=dict)
     failure_reasons: list[str] = field(default_factory=list)
 
 
@@ -93,6 +94,7 @@ class BaseStrategy(Strategy):
         algo: dict[str, Any] | None = None,
         on_round: Callable[[dict[str, Any]], None] | None = None,
         properties_timeout: float = 120.0,
+        central_eval: Callable[[list[np.ndarray]], dict[str, float]] | None = None,
     ) -> None:
         super().__init__()
         self.global_arrays = [np.asarray(a) for a in initial_arrays]
@@ -108,6 +110,7 @@ class BaseStrategy(Strategy):
         self.algo = algo or {}
         self.on_round = on_round
         self.properties_timeout = properties_timeout
+        self.central_eval = central_eval  # e.g. the global model on the official test split
         self.partition_of: dict[str, int] = {}  # node id (cid) -> partition id
         self.round_offset = 0  # rounds done before a resume: Flower counts from 1 again
         self.current: RoundLog | None = None
@@ -325,7 +328,12 @@ class BaseStrategy(Strategy):
 
     def evaluate(self, server_round: int, parameters: Parameters
                  ) -> tuple[float, dict[str, Scalar]] | None:
-        return None
+        """Server-side evaluation of the new global model, when the app gave one."""
+        if self.central_eval is None:
+            return None
+        metrics = self.central_eval(self.global_arrays)
+        self.round_log(server_round + self.round_offset).central = metrics
+        return float(metrics.get("official_test_loss", 0.0)), dict(metrics)
 
     # ---- evaluation and bookkeeping -----------------------------------------------------------
     def evaluation_metrics(self, results: list[EvaluateRes]) -> dict[str, Any]:
@@ -385,6 +393,7 @@ class BaseStrategy(Strategy):
             "rejected_updates": rlog.rejected,
             "failure_reasons": rlog.failure_reasons,
             "client_fit_metrics": {str(k): v for k, v in sorted(rlog.fit_metrics.items())},
+            **rlog.central,
             **metrics,
         }
         self.current = None

@@ -85,3 +85,19 @@ def test_baseline_runs_two_rounds_in_a_real_simulation(tmp_path, algorithm, extr
     assert [r["round"] for r in doc["rounds"]] == [1, 2]
     assert all(r["failures"] == 0 and r["bytes_up"] > 0 for r in doc["rounds"])
     assert doc["summary"]["final_global_accuracy"] > 0.15  # above chance (0.1)
+
+
+def test_fedrolex_runs_with_official_test_accuracy(tmp_path):
+    sets = ["rounds=2", "algorithm=fedrolex", "data.partitioner=shards", "data.pool=official",
+            f"output.output-dir={tmp_path}", "output.run-name=r"]
+    cmd = [sys.executable, "-m", "fedapps.cli", "run", "quickstart"]
+    for s in sets:
+        cmd += ["--set", s]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads((tmp_path / "r" / "results.json").read_text())
+    for r in doc["rounds"]:
+        assert 0.0 <= r["official_test_accuracy"] <= 1.0 and r["failures"] == 0
+        betas = {m["beta"] for m in r["client_fit_metrics"].values()}
+        assert betas <= {1.0, 0.5, 0.25, 0.125, 0.0625}
+    assert doc["rounds"][-1]["official_test_accuracy"] > 0.15

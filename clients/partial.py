@@ -1,0 +1,45 @@
+"""Client of the model-heterogeneous methods: builds its model at the capacity beta the server
+sends, trains it (optionally with the label-masked classifier of the HeteroFL code) and uploads
+it; evaluation uses the full global model."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from clients.arrays import set_arrays
+from clients.base import BaseClient
+
+
+class PartialClient(BaseClient):
+    def __init__(self, *args: Any, model_factory: Callable[[float], nn.Module],
+                 **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.model_factory = model_factory
+        self.beta = 1.0
+
+    def fit(self, parameters: list[np.ndarray], config: dict[str, Any]):
+        self.beta = float(config.get("beta", 1.0))
+        self.model = self.model_factory(self.beta).to(self.device)
+        return super().fit(parameters, config)
+
+    def load_global(self, parameters: list[np.ndarray]) -> None:
+        set_arrays(self.model, parameters)
+
+    def local_train(self, config: dict[str, Any]) -> dict[str, Any]:
+        loss_fn = self.ce_loss(self.model)
+        if self.algo.get("label-mask", False):
+            classes = self.model.classifier.out_features
+            absent = (torch.bincount(self.data.y_train, minlength=classes) == 0).to(self.device)
+
+            def loss_fn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+                return F.cross_entropy(self.model(x).masked_fill(absent, -1e9), y)
+
+        loss = self.sgd_epochs(self.model.parameters(), loss_fn, self.settings.local_epochs)
+        return {"train-loss": loss, "beta": self.beta,
+                "params": int(sum(p.numel() for p in self.model.parameters()))}

@@ -1,0 +1,89 @@
+"""Model-heterogeneous strategies (seed 004): each sampled client gets a sub-model sized to its
+capacity beta, cut out of the global model by an index scheme; the returned sub-models are put
+back by selective averaging (eq. 3.10, equal client weights). FedRolex rolls the window one node
+per round, HeteroFL keeps the leading nodes, Federated Dropout draws them at random; nothing
+else differs between the three."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from flwr.common import Scalar
+
+from strategies.base import BaseStrategy, Upload
+from strategies.submodel import ParamSpec, extract, group_indices, selective_average
+
+INCOME = {1.0: 0.06, 0.5: 0.10, 0.25: 0.11, 0.125: 0.18, 0.0625: 0.55}  # a6-b10-c11-d18-e55
+
+
+def capacities(distribution: str, levels: list[float], num_clients: int, rho: float,
+               rng: np.random.Generator) -> np.ndarray:
+    """One capacity per client: uniform over `levels`, two-level rho (share rho at the largest
+    level, the rest at the smallest) or the household-income mix of seed 004 Table 3.3."""
+    if distribution == "uniform":
+        return rng.choice(np.asarray(levels, dtype=float), size=num_clients)
+    if distribution == "rho":
+        big = rng.random(num_clients) < rho
+        return np.where(big, max(levels), min(levels)).astype(float)
+    if distribution == "income":
+        values = np.asarray(list(INCOME))
+        return rng.choice(values, size=num_clients, p=np.asarray(list(INCOME.values())))
+    raise ValueError(f"unknown capacity distribution {distribution!r}")
+
+
+class PartialTraining(BaseStrategy):
+    scheme = "rolling"
+
+    def __init__(self, *, specs: list[tuple[str | None, ...]], widths: dict[str, int],
+                 **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.specs = [ParamSpec(tuple(g)) for g in specs]
+        self.widths = widths
+        self.index: dict[int, dict[str, np.ndarray]] = {}  # this round's index sets by client
+        self.fixed = self._draw(0)
+
+    def _draw(self, server_round: int) -> np.ndarray:
+        a = self.algo
+        rng = np.random.default_rng([self.seed, server_round, 404])
+        return capacities(str(a.get("capacity", "uniform")),
+                          [float(x) for x in a.get("levels", [1.0])], self.num_clients,
+                          float(a.get("rho", 0.5)), rng)
+
+    def beta(self, server_round: int, partition_id: int) -> float:
+        """The client's capacity this round, relative to the global model (divided by gamma,
+        the server model's size over the largest client's)."""
+        table = self.fixed if self.algo.get("assignment", "dynamic") == "fixed" \
+            else self._draw(server_round)
+        return float(table[partition_id]) / float(self.algo.get("server-scale", 1.0))
+
+    def fit_config(self, server_round: int, partition_id: int) -> dict[str, Scalar]:
+        return {"beta": self.beta(server_round, partition_id)}
+
+    def fit_arrays(self, server_round: int, partition_id: int) -> list[np.ndarray]:
+        rng = np.random.default_rng([self.seed, server_round, partition_id, 405])
+        self.index[partition_id] = group_indices(self.widths, self.scheme,
+                                                 self.beta(server_round, partition_id),
+                                                 server_round - 1, rng)
+        return extract(self.global_arrays, self.specs, self.index[partition_id])
+
+    def expected_upload(self, partition_id: int) -> list[np.ndarray]:
+        if partition_id not in self.index:
+            return []  # not sampled this round: any upload is rejected
+        return extract(self.global_arrays, self.specs, self.index[partition_id])
+
+    def aggregate(self, server_round: int, uploads: list[Upload]) -> list[np.ndarray]:
+        return selective_average(self.global_arrays, self.specs,
+                                 [(self.index[u.partition_id], u.arrays, 1.0) for u in uploads])
+
+
+class FedRolex(PartialTraining):
+    scheme = "rolling"
+
+
+class HeteroFL(PartialTraining):
+    scheme = "static"
+
+
+class FedDropout(PartialTraining):
+    scheme = "random"

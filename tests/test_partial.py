@@ -1,0 +1,91 @@
+"""FedRolex / HeteroFL / Federated Dropout: capacities, sub-models, strategy round trip."""
+
+import numpy as np
+import pytest
+import torch
+from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
+
+from clients.arrays import get_arrays
+from fedapps.models import WidthCNN
+from strategies.partial import INCOME, FedDropout, FedRolex, HeteroFL, capacities
+
+LEVELS = [1.0, 0.5, 0.25, 0.125, 0.0625]
+
+
+def test_capacity_distributions():
+    rng = np.random.default_rng(0)
+    u = capacities("uniform", LEVELS, 5000, 0.5, rng)
+    assert set(u.tolist()) == set(LEVELS)
+    assert all(abs(np.mean(u == b) - 0.2) < 0.03 for b in LEVELS)
+    r = capacities("rho", LEVELS, 5000, 0.3, rng)
+    assert set(r.tolist()) == {1.0, 0.0625} and abs(np.mean(r == 1.0) - 0.3) < 0.03
+    inc = capacities("income", LEVELS, 20000, 0.5, rng)
+    for beta, share in INCOME.items():
+        assert abs(np.mean(inc == beta) - share) < 0.015
+    assert sum(INCOME.values()) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("beta", LEVELS)
+def test_sub_model_at_each_beta_trains_with_the_right_shapes(beta):
+    full = WidthCNN(1, 10, (32, 64, 128))
+    sub = WidthCNN(1, 10, (32, 64, 128), beta)
+    s = make(FedRolex, full, algo={"levels": [beta]})
+    arrays = s.fit_arrays(1, 0)
+    assert [a.shape for a in arrays] == [tuple(v.shape) for v in sub.state_dict().values()]
+    out = sub(torch.randn(4, 1, 28, 28))
+    out.sum().backward()
+    assert out.shape == (4, 10)
+
+
+def test_parameter_counts_scale_with_beta():
+    counts = [sum(p.numel() for p in WidthCNN(1, 10, (32, 64, 128), b).parameters())
+              for b in LEVELS]
+    assert counts == sorted(counts, reverse=True)
+    # the middle conv dominates and scales with beta^2: halving the width roughly quarters it
+    assert 3.3 < counts[0] / counts[1] < 4.0
+
+
+def make(cls, model, algo=None, n=4):
+    return cls(initial_arrays=get_arrays(model), array_names=list(model.state_dict()),
+               num_rounds=3, num_clients=n, clients_per_round=n, seed=0,
+               algo={"capacity": "uniform", "levels": LEVELS, **(algo or {})},
+               specs=model.param_groups(), widths=model.group_widths())
+
+
+def upload(pid, arrays):
+    return FitRes(Status(Code.OK, ""), ndarrays_to_parameters(arrays), 10, {"partition-id": pid})
+
+
+def test_full_capacity_round_trip_is_the_identity():
+    model = WidthCNN(1, 10, (8, 16))
+    s = make(FedRolex, model, algo={"levels": [1.0]}, n=1)
+    sent = s.fit_arrays(1, 0)
+    assert all(np.array_equal(a, b) for a, b in zip(sent, s.global_arrays, strict=True))
+    trained = [a + 0.5 for a in sent]
+    params, _ = s.aggregate_fit(1, [(None, upload(0, trained))], [])
+    out = parameters_to_ndarrays(params)
+    assert all(np.allclose(a, b) for a, b in zip(out, trained, strict=True))
+
+
+def test_selective_averaging_in_a_round_with_two_capacities():
+    model = WidthCNN(1, 10, (8,))
+    s = make(HeteroFL, model, algo={"capacity": "rho", "rho": 0.5, "levels": [1.0, 0.25]}, n=2)
+    s.beta = lambda rnd, pid: [1.0, 0.25][pid]  # client 0 full, client 1 a quarter
+    big, small = s.fit_arrays(1, 0), s.fit_arrays(1, 1)
+    params, _ = s.aggregate_fit(1, [(None, upload(0, [np.full_like(a, 1.0) for a in big])),
+                                    (None, upload(1, [np.full_like(a, 3.0) for a in small]))],
+                                [])
+    conv = parameters_to_ndarrays(params)[0]  # [8, 1, 3, 3]; HeteroFL: client 1 has rows 0, 1
+    assert np.all(conv[:2] == 2.0) and np.all(conv[2:] == 1.0)
+
+
+def test_the_three_schemes_differ_only_in_the_index_sets():
+    model = WidthCNN(1, 10, (16, 32))
+    idx = {}
+    for cls in (FedRolex, HeteroFL, FedDropout):
+        s = make(cls, model, algo={"levels": [0.25]})
+        s.fit_arrays(3, 0)
+        idx[cls.__name__] = s.index[0]["w16"].tolist()
+    assert idx["HeteroFL"] == [0, 1, 2, 3]
+    assert idx["FedRolex"] == [2, 3, 4, 5]  # round 3 -> 0-based j = 2
+    assert len(set(idx["FedDropout"])) == 4 and idx["FedDropout"] == sorted(idx["FedDropout"])
