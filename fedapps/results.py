@@ -34,7 +34,11 @@ def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
         return max(vals) if vals else None
 
     last = evaluated[-1] if evaluated else {}
+    official = [r["official_test_accuracy"] for r in rounds if "official_test_accuracy" in r]
+    extra = {"best_official_test_accuracy": max(official),
+             "final_official_test_accuracy": official[-1]} if official else {}
     return {
+        **extra,
         "best_global_accuracy": best("global_accuracy"),
         "best_personal_accuracy": best("personal_accuracy"),
         "final_global_accuracy": last.get("global_accuracy"),

@@ -23,6 +23,9 @@ from fedapps.config import CONF_DIR, ConfigError, available, load_config, valida
 
 METRICS = (("best_global_accuracy", "best G"), ("best_personal_accuracy", "best P"),
            ("final_global_accuracy", "final G"), ("final_personal_accuracy", "final P"))
+# model-heterogeneous methods: the global model on the official test split (seed 004's "global")
+OFFICIAL = (("best_official_test_accuracy", "best official test"),
+            ("final_official_test_accuracy", "final official test"))
 
 
 @dataclass
@@ -133,11 +136,13 @@ def collect(grid: Grid, out_root: Path) -> dict[str, list[dict[str, Any]]]:
 
 def table(by_cell: dict[str, list[dict[str, Any]]], grid: Grid) -> str:
     """Markdown: mean +- std of best/final G and P (%) per cell, beside the paper's G and P."""
-    lines = [f"| cell | seeds | {' | '.join(name for _, name in METRICS)} | paper G | paper P |",
-             "|" + " --- |" * (len(METRICS) + 4)]
+    metrics = METRICS + (OFFICIAL if any("best_official_test_accuracy" in d["summary"]
+                                         for docs in by_cell.values() for d in docs) else ())
+    lines = [f"| cell | seeds | {' | '.join(name for _, name in metrics)} | paper G | paper P |",
+             "|" + " --- |" * (len(metrics) + 4)]
     for label, docs in by_cell.items():
         cells = []
-        for key, _ in METRICS:
+        for key, _ in metrics:
             vals = [d["summary"][key] for d in docs if d["summary"].get(key) is not None]
             if vals:
                 m, s = mean_std([100 * v for v in vals])
