@@ -150,23 +150,85 @@ class WidthCNN(nn.Module):
         return self.classifier(self.features(x))
 
     def param_groups(self) -> list[tuple[str | None, ...]]:
-        """Per state entry, the width group of each dimension (strategies.submodel.ParamSpec):
-        layers of equal width share a group; the input and the classifier outputs stay whole."""
-        groups: list[tuple[str | None, ...]] = []
-        prev: str | None = None
-        for name, value in self.state_dict().items():
-            if name.startswith("classifier"):
-                groups.append((None, prev) if value.dim() == 2 else (None,))
-                continue
-            layer = int(name.split(".")[1])
-            block = sum(isinstance(m, nn.Conv2d) for m in list(self.features)[: layer + 1]) - 1
-            group = f"w{self.hidden[block]}"
-            if value.dim() == 4:  # conv weight [out, in, k, k]
-                groups.append((group, prev, None, None))
-                prev = group
-            else:  # conv bias, BatchNorm weight and bias
-                groups.append((group,))
-        return groups
+        return width_groups(self)
 
     def group_widths(self) -> dict[str, int]:
         return {f"w{h}": h for h in self.hidden}
+
+
+def _norm(channels: int) -> nn.Module:
+    """Static BatchNorm (HeteroFL's sBN): no running statistics, batch statistics always."""
+    return nn.BatchNorm2d(channels, momentum=None, track_running_stats=False)
+
+
+class _PreActBlock(nn.Module):
+    def __init__(self, c_in: int, c_out: int, stride: int, beta: float) -> None:
+        super().__init__()
+        self.scale1, self.bn1 = Scaler(beta), _norm(c_in)
+        self.conv1 = nn.Conv2d(c_in, c_out, 3, stride, 1, bias=False)
+        self.scale2, self.bn2 = Scaler(beta), _norm(c_out)
+        self.conv2 = nn.Conv2d(c_out, c_out, 3, 1, 1, bias=False)
+        self.shortcut = (nn.Conv2d(c_in, c_out, 1, stride, bias=False)
+                         if stride != 1 or c_in != c_out else None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.relu(self.bn1(self.scale1(x)))
+        skip = self.shortcut(out) if self.shortcut is not None else x
+        out = self.conv1(out)
+        out = self.conv2(torch.relu(self.bn2(self.scale2(out))))
+        return out + skip
+
+
+class PreResNet18(nn.Module):
+    """Pre-activation ResNet18 with width multiplier beta, a Scaler before every static
+    BatchNorm (seed 004, DECISIONS); the classifier keeps all outputs."""
+
+    def __init__(self, in_channels: int, num_classes: int,
+                 hidden: tuple[int, ...] = (64, 128, 256, 512), beta: float = 1.0) -> None:
+        super().__init__()
+        w = [max(1, int(np.floor(beta * h + 1e-9))) for h in hidden]
+        self.conv1 = nn.Conv2d(in_channels, w[0], 3, 1, 1, bias=False)
+        blocks: list[nn.Module] = []
+        prev = w[0]
+        for i, c in enumerate(w):
+            for j in range(2):
+                blocks.append(_PreActBlock(prev, c, 2 if (i > 0 and j == 0) else 1, beta))
+                prev = c
+        self.layers = nn.Sequential(*blocks)
+        self.scale_out, self.bn_out = Scaler(beta), _norm(prev)
+        self.classifier = nn.Linear(prev, num_classes)
+        self.hidden = tuple(hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.layers(self.conv1(x))
+        out = torch.relu(self.bn_out(self.scale_out(out)))
+        return self.classifier(torch.flatten(nn.functional.adaptive_avg_pool2d(out, 1), 1))
+
+    def param_groups(self) -> list[tuple[str | None, ...]]:
+        return width_groups(self)
+
+    def group_widths(self) -> dict[str, int]:
+        return {f"w{h}": h for h in self.hidden}
+
+
+def width_groups(model: nn.Module) -> list[tuple[str | None, ...]]:
+    """Width group of every dimension of every state entry of a full-width model: a layer with
+    K channels is group 'wK' (so layers of equal width, joined by residual additions, share
+    index sets); the first convolution keeps all input channels, the classifier all outputs."""
+    kinds: dict[str, tuple[str, nn.Module]] = {}
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Conv2d | nn.BatchNorm2d | nn.Linear):
+            kinds[name] = (type(module).__name__, module)
+    first_conv = next(n for n, m in model.named_modules() if isinstance(m, nn.Conv2d))
+    groups: list[tuple[str | None, ...]] = []
+    for key, value in model.state_dict().items():
+        owner, _, param = key.rpartition(".")
+        kind, module = kinds[owner]
+        if kind == "Linear":
+            groups.append((None, f"w{module.in_features}") if param == "weight" else (None,))
+        elif kind == "Conv2d" and param == "weight":
+            inputs = None if owner == first_conv else f"w{module.in_channels}"
+            groups.append((f"w{module.out_channels}", inputs, None, None))
+        else:  # conv bias, norm weight and bias
+            groups.append((f"w{value.shape[0]}",))
+    return groups

@@ -27,7 +27,7 @@ from clients.gpfl import GpflClient
 from clients.partial import PartialClient
 from fedapps.config import ConfigError
 from fedapps.data import DATASETS, FederatedData, rebalance
-from fedapps.models import GpflNet, WidthCNN
+from fedapps.models import GpflNet, PreResNet18, WidthCNN
 from fedapps.runtime import make_model
 from strategies.base import BaseStrategy
 from strategies.fedavg import FedAvg
@@ -94,15 +94,18 @@ class Algorithm:
     official_test: bool = False  # also evaluate the global model on the official test split
 
 
-def _width_cnn(cfg: DictConfig, beta: float = 1.0) -> WidthCNN:
+def _width_model(cfg: DictConfig, beta: float = 1.0) -> torch.nn.Module:
+    """The global model (beta 1) or a client's sub-model of the partial-training methods."""
     info = DATASETS[cfg.dataset]
     torch.manual_seed(int(cfg.seed))
-    return WidthCNN(info.shape[0], info.num_classes, tuple(int(h) for h in cfg.algo.hidden), beta)
+    cls = PreResNet18 if cfg.algo.model == "preresnet18" else WidthCNN
+    return cls(info.shape[0], info.num_classes, tuple(int(h) for h in cfg.algo.hidden),
+               beta=beta)
 
 
 def _validate_partial(cfg: DictConfig) -> None:
     _choices(cfg, {"capacity": ("uniform", "rho", "income"),
-                   "assignment": ("dynamic", "fixed")})
+                   "assignment": ("dynamic", "fixed"), "model": ("width-cnn", "preresnet18")})
     levels = list(cfg.algo.levels)
     if not levels or any(not isinstance(b, int | float) or not 0 < b <= 1 for b in levels):
         raise ConfigError(f"algo.levels={levels}: capacities must be in (0, 1]")
@@ -114,10 +117,10 @@ def _validate_partial(cfg: DictConfig) -> None:
 
 PARTIAL = {
     "validate": _validate_partial,
-    "model": _width_cnn,
+    "model": _width_model,
     "strategy_kwargs": lambda cfg, model: {"specs": model.param_groups(),
                                            "widths": model.group_widths()},
-    "client_kwargs": lambda cfg: {"model_factory": lambda beta: _width_cnn(cfg, beta)},
+    "client_kwargs": lambda cfg: {"model_factory": lambda beta: _width_model(cfg, beta)},
     "official_test": True,
 }
 

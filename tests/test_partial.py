@@ -89,3 +89,26 @@ def test_the_three_schemes_differ_only_in_the_index_sets():
     assert idx["HeteroFL"] == [0, 1, 2, 3]
     assert idx["FedRolex"] == [2, 3, 4, 5]  # round 3 -> 0-based j = 2
     assert len(set(idx["FedDropout"])) == 4 and idx["FedDropout"] == sorted(idx["FedDropout"])
+
+
+def test_preresnet18_matches_seed_004_table_3_6_parameter_counts():
+    from fedapps.models import PreResNet18
+
+    counts = [sum(p.numel() for p in PreResNet18(3, 10, beta=b).parameters()) for b in LEVELS]
+    assert counts[0] == 11_172_170  # Table 3.6: 11.1722 million (largest)
+    assert counts[-1] == 44_510  # Table 3.6: 0.04451 million (smallest)
+    assert np.mean(counts) == pytest.approx(2.9781232e6, rel=1e-5)  # FedRolex, uniform levels
+
+
+@pytest.mark.parametrize("beta", LEVELS)
+def test_preresnet18_sub_models_line_up_with_extraction(beta):
+    from fedapps.models import PreResNet18
+
+    full, sub = PreResNet18(3, 10), PreResNet18(3, 10, beta=beta)
+    s = make(FedRolex, full, algo={"levels": [beta]})
+    arrays = s.fit_arrays(7, 0)
+    assert [a.shape for a in arrays] == [tuple(v.shape) for v in sub.state_dict().values()]
+    from clients.arrays import set_arrays
+
+    set_arrays(sub, arrays)  # loads: residual additions line up across equal widths
+    sub(torch.randn(2, 3, 32, 32)).sum().backward()
