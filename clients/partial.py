@@ -14,6 +14,7 @@ from torch.nn import functional as F
 
 from clients.arrays import set_arrays
 from clients.base import BaseClient
+from clients.flops import forward_flops
 
 
 class PartialClient(BaseClient):
@@ -42,4 +43,5 @@ class PartialClient(BaseClient):
 
         loss = self.sgd_epochs(self.model.parameters(), loss_fn, self.settings.local_epochs)
         return {"train-loss": loss, "beta": self.beta,
-                "params": int(sum(p.numel() for p in self.model.parameters()))}
+                "params": int(sum(p.numel() for p in self.model.parameters())),
+                "flops": forward_flops(self.model, tuple(self.data.x_train.shape[1:]))}

@@ -35,10 +35,18 @@ def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
 
     last = evaluated[-1] if evaluated else {}
     official = [r["official_test_accuracy"] for r in rounds if "official_test_accuracy" in r]
+    clients = [m for r in rounds for m in r.get("client_fit_metrics", {}).values() if "params" in m]
+    cost = {  # seed 004 Table 3.6: per participating client and round
+        "mean_client_params": sum(m["params"] for m in clients) / len(clients),
+        "mean_client_flops": sum(m.get("flops", 0) for m in clients) / len(clients),
+        "mean_client_bytes_down": sum(r["bytes_down"] for r in rounds)
+        / max(sum(len(r["fit_clients"]) for r in rounds), 1),
+    } if clients else {}
     extra = {"best_official_test_accuracy": max(official),
              "final_official_test_accuracy": official[-1]} if official else {}
     return {
         **extra,
+        **cost,
         "best_global_accuracy": best("global_accuracy"),
         "best_personal_accuracy": best("personal_accuracy"),
         "final_global_accuracy": last.get("global_accuracy"),

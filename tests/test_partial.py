@@ -112,3 +112,21 @@ def test_preresnet18_sub_models_line_up_with_extraction(beta):
 
     set_arrays(sub, arrays)  # loads: residual additions line up across equal widths
     sub(torch.randn(2, 3, 32, 32)).sum().backward()
+
+
+def test_forward_flops_hand_computed():
+    from torch import nn
+
+    from clients.flops import forward_flops
+
+    model = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.Flatten(), nn.Linear(4 * 5 * 5, 3))
+    # conv: 2 * (4 * 5 * 5 outputs) * (3 * 3 * 1); linear: 2 * 3 * 100
+    assert forward_flops(model, (1, 5, 5)) == 2 * 100 * 9 + 2 * 3 * 100
+
+
+def test_preresnet18_flops_agree_with_table_3_6():
+    from clients.flops import forward_flops
+    from fedapps.models import PreResNet18
+
+    macs = forward_flops(PreResNet18(3, 10), (3, 32, 32)) / 2
+    assert macs == pytest.approx(557.656e6, rel=0.01)  # the paper also counts norm layers
