@@ -2,7 +2,8 @@
 `--node-config "... fault=<kind>"` answers fit with a deliberate failure.
 
 Kinds: raise (an exception), hang (sleeps `fault-seconds`, default 3600), nan (NaN weights),
-shape (a wrongly shaped array), dtype (float64 arrays), count (num_examples = 0).
+shape (a wrongly shaped array), dtype (float64 arrays), count (num_examples = 0); from round
+`fault-from-round` (default 1) on.
 Never set `fault` on a real node.
 """
 
@@ -20,10 +21,12 @@ FAULTS = ("raise", "hang", "nan", "shape", "dtype", "count")
 class FaultyClient(NumPyClient):
     """Wraps a client; fit misbehaves as configured, everything else is delegated."""
 
-    def __init__(self, inner: NumPyClient, kind: str, seconds: float = 3600.0) -> None:
+    def __init__(self, inner: NumPyClient, kind: str, seconds: float = 3600.0,
+                 from_round: int = 1) -> None:
         if kind not in FAULTS:
             raise ValueError(f"node config: fault={kind!r}; allowed: {', '.join(FAULTS)}")
         self.inner, self.kind, self.seconds = inner, kind, seconds
+        self.from_round = from_round
 
     def get_properties(self, config: dict[str, Any]) -> dict[str, Any]:
         return self.inner.get_properties(config)
@@ -32,6 +35,8 @@ class FaultyClient(NumPyClient):
         return self.inner.evaluate(parameters, config)
 
     def fit(self, parameters: list[np.ndarray], config: dict[str, Any]):
+        if int(config.get("server-round", 1)) < self.from_round:
+            return self.inner.fit(parameters, config)
         if self.kind == "raise":
             raise RuntimeError("injected fault: client crashed during fit")
         if self.kind == "hang":

@@ -45,8 +45,8 @@ def client_fn(context: Context) -> Client:
                          state_dir=client_state_dir(node, context.run_config, cfg, pid),
                          **spec.client_kwargs(cfg))
     if node.get("fault"):  # test deployments only (clients/faulty.py)
-        return FaultyClient(client, str(node["fault"]),
-                            float(node.get("fault-seconds", 3600))).to_client()
+        return FaultyClient(client, str(node["fault"]), float(node.get("fault-seconds", 3600)),
+                            int(node.get("fault-from-round", 1))).to_client()
     return client.to_client()
 
 

@@ -171,6 +171,7 @@ def validate(cfg: DictConfig, check_data: bool = True) -> None:
                  f"must be <= federation.num-clients ({n})")
     mff = _number(cfg, "federation.min-fit-fraction")
     _require(0 < mff <= 1, "federation.min-fit-fraction", mff, "must be in (0, 1]")
+    _choice(cfg, "federation.on-too-few", ("stop", "skip"))
     if cfg.federation["round-timeout"] is not None:
         timeout = _number(cfg, "federation.round-timeout")
         _require(timeout > 0, "federation.round-timeout", timeout, "must be > 0 or null")

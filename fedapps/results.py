@@ -110,6 +110,11 @@ class ResultsWriter:
         else:
             self._write()
 
+    def stop(self, reason: str) -> None:
+        """The run stops early: record why, keep everything written so far."""
+        self.status = f"stopped: {reason}"
+        self._write()
+
     def finish(self) -> None:
         self.status = "completed"
         self._write()

@@ -79,6 +79,8 @@ def server_fn(context: Context) -> ServerAppComponents:
         eval_fraction=float(cfg.eval.fraction),
         algo=algo_params(cfg),
         central_eval=official_test_eval(cfg, data) if spec.official_test else None,
+        on_too_few=str(fed["on-too-few"]),
+        on_stop=writer.stop,
         **spec.strategy_kwargs(cfg, model),
     )
 

@@ -35,6 +35,10 @@ from flwr.server.strategy import Strategy
 from strategies.aggregation import weighted_average
 
 
+class TooFewClients(RuntimeError):
+    """Fewer valid updates than federation.min-fit-fraction requires: the run stops."""
+
+
 @dataclass
 class Upload:
     """One validated client update."""
@@ -95,6 +99,8 @@ class BaseStrategy(Strategy):
         on_round: Callable[[dict[str, Any]], None] | None = None,
         properties_timeout: float = 120.0,
         central_eval: Callable[[list[np.ndarray]], dict[str, float]] | None = None,
+        on_too_few: str = "stop",
+        on_stop: Callable[[str], None] | None = None,
     ) -> None:
         super().__init__()
         self.global_arrays = [np.asarray(a) for a in initial_arrays]
@@ -111,6 +117,8 @@ class BaseStrategy(Strategy):
         self.on_round = on_round
         self.properties_timeout = properties_timeout
         self.central_eval = central_eval  # e.g. the global model on the official test split
+        self.on_too_few = on_too_few  # stop (default) or skip the round keeping the model
+        self.on_stop = on_stop
         self.partition_of: dict[str, int] = {}  # node id (cid) -> partition id
         self.round_offset = 0  # rounds done before a resume: Flower counts from 1 again
         self.current: RoundLog | None = None
@@ -276,9 +284,16 @@ class BaseStrategy(Strategy):
             rlog.failure_reasons.append(reason[:200])
         needed = max(1, int(np.ceil(self.min_fit_fraction * max(len(rlog.fit_clients), 1))))
         if len(uploads) < needed:
-            log(WARNING, "round %s: %s valid updates, %s needed; global model unchanged",
-                server_round, len(uploads), needed)
-            return None, {}
+            reason = (f"round {server_round}: {len(uploads)} valid updates of "
+                      f"{len(rlog.fit_clients)} sampled clients, {needed} needed "
+                      "(federation.min-fit-fraction)")
+            if self.on_too_few == "skip":
+                log(WARNING, "%s; global model unchanged", reason)
+                return None, {}
+            if self.on_stop:
+                self.on_stop(reason)
+            raise TooFewClients(f"{reason}; stopping. The checkpoint of the last completed "
+                                "round is kept: continue with `fedapps resume <run dir>`")
         uploads.sort(key=lambda u: u.partition_id)  # arrival order must not change the sum
         self.global_arrays = self.aggregate(server_round, uploads)
         rlog.fit_done = time.perf_counter()

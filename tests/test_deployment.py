@@ -48,6 +48,20 @@ def test_bad_updates_and_crashes_are_counted_not_aggregated(tmp_path):
     assert rounds(out)[-1]["global_accuracy"] > 0.1
 
 
+def test_too_few_clients_stop_the_run_with_a_checkpoint(tmp_path):
+    from fedapps import checkpoint
+
+    sets = ["rounds=3", "federation.num-clients=2", "federation.fraction-fit=1.0",
+            "federation.min-fit-fraction=1.0"]
+    out = tmp_path / "run"
+    status = run_federation("quickstart", sets, 2, out, show=QUIET,
+                            node_extra={1: {"fault": "raise", "fault-from-round": "2"}})
+    assert status != "finished:completed"
+    summary = json.loads((out / "results.json").read_text())["summary"]
+    assert summary["status"].startswith("stopped: round 2: 1 valid updates of 2 sampled")
+    assert checkpoint.load(out)[0] == 1  # the last completed round, ready for resume
+
+
 def test_restarted_supernode_resumes_its_personal_head_from_state_dir(tmp_path):
     sets = ["rounds=4", "federation.num-clients=3", "federation.fraction-fit=1.0",
             "federation.min-fit-fraction=0.3", "federation.round-timeout=45"]

@@ -98,12 +98,25 @@ def test_bad_updates_are_rejected_and_counted(bad, reason):
     assert records[0]["failures"] == 2  # one rejected + one crashed client
 
 
-def test_too_few_valid_updates_keep_the_model():
-    s = make_strategy(min_fit_fraction=1.0)
+def test_too_few_valid_updates_skip_keeps_the_model():
+    s = make_strategy(min_fit_fraction=1.0, on_too_few="skip")
     bad = fit_res(1, client_arrays(np.nan))
     params, _ = s.aggregate_fit(1, [(None, bad)], [])
     assert params is None
     np.testing.assert_array_equal(s.global_arrays[0], INIT[0])
+
+
+def test_too_few_valid_updates_stop_the_run_with_a_reason():
+    from strategies.base import TooFewClients
+
+    reasons = []
+    s = make_strategy(min_fit_fraction=0.5, on_stop=reasons.append)
+    s.current = None
+    s.round_log(3).fit_clients = [0, 1, 2, 3]
+    with pytest.raises(TooFewClients, match="fedapps resume"):
+        s.aggregate_fit(3, [(None, fit_res(0, client_arrays(1.0)))], [RuntimeError("x")] * 3)
+    assert reasons == ["round 3: 1 valid updates of 4 sampled clients, 2 needed "
+                       "(federation.min-fit-fraction)"]
 
 
 def test_clients_by_partition_asks_each_node_once_and_samples_by_seed():
