@@ -24,7 +24,8 @@ class WandbTracker:
 
             self.run = wandb.init(
                 project=wb["project"], entity=wb["entity"], name=run_name, config=cfg,
-                group=cfg["experiment"], job_type=cfg["algorithm"], dir=str(run_dir),
+                group=wb.get("group") or cfg["experiment"], job_type=cfg["algorithm"],
+                dir=str(run_dir),
                 mode=mode, reinit="finish_previous")
         except Exception as err:  # no account, no network, bad key: results files still count
             log(WARNING, "W&B disabled for this run: %s", err)

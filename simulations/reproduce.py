@@ -94,7 +94,8 @@ def run_grid(grid: Grid, overrides: Sequence[str], out_root: Path, runner: Runne
     plan = []
     for cell in grid.cells():
         for seed in grid.seeds:
-            sets = [*grid.overrides, *overrides, *(f"{k}={v}" for k, v in cell.items()),
+            sets = [f"wandb.group={grid.name}", *grid.overrides, *overrides,
+                    *(f"{k}={v}" for k, v in cell.items()),
                     *grid.cell_overrides.get(cell_label(cell), []), f"seed={seed}"]
             cfg = load_config(grid.experiment, sets)
             validate(cfg)  # every cell is checked before the first run starts
