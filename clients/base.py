@@ -40,6 +40,11 @@ class TrainSettings:
     momentum: float
     weight_decay: float
     seed: int
+    lr_milestones: tuple[int, ...] = ()  # rounds after which the learning rate is multiplied
+    lr_decay: float = 0.1  # by this factor (seed 004's multi-step schedule)
+
+    def lr_at(self, server_round: int) -> float:
+        return self.lr * self.lr_decay ** sum(server_round > m for m in self.lr_milestones)
 
 
 EVAL_BATCH = 512  # evaluation batch: bounds activation memory on small devices
@@ -72,6 +77,7 @@ class BaseClient(NumPyClient):
         self.state_dir = state_dir  # where save_state also writes, so a restarted node resumes
         self.algo = algo or {}
         self.generator = torch.Generator()
+        self.server_round = 0
 
     # ---- Flower API -------------------------------------------------------------------------
     def get_properties(self, config: dict[str, Any]) -> dict[str, Any]:
@@ -110,9 +116,16 @@ class BaseClient(NumPyClient):
             "correct-personal": correct_p,
         }
 
+    def sgd(self, params: Any) -> torch.optim.Optimizer:
+        """SGD with this round's learning rate (params: a list or parameter groups)."""
+        s = self.settings
+        return torch.optim.SGD(params, lr=s.lr_at(self.server_round), momentum=s.momentum,
+                               weight_decay=s.weight_decay)
+
     def seed_generator(self, config: dict[str, Any], stream: int) -> None:
         """Shuffling and any evaluation-time training depend only on (seed, round, client)."""
         server_round = int(config.get("server-round", 0))
+        self.server_round = server_round
         self.generator.manual_seed(self.settings.seed * 1_000_003 + server_round * 1009
                                    + self.partition_id * 7 + stream)
 
@@ -161,8 +174,7 @@ class BaseClient(NumPyClient):
         s = self.settings
         x = (self.data.x_train if x is None else x).to(self.device)
         y = (self.data.y_train if y is None else y).to(self.device)
-        opt = optimizer or torch.optim.SGD(list(params), lr=s.lr, momentum=s.momentum,
-                                           weight_decay=s.weight_decay)
+        opt = optimizer or self.sgd(list(params))
         total, batches = torch.zeros((), device=self.device), 0
         for _ in range(epochs):
             order = torch.randperm(len(y), generator=self.generator).to(self.device)

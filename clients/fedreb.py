@@ -61,11 +61,7 @@ class FedRebClient(PersonalHeadClient):
     def local_train(self, config: dict[str, Any]) -> dict[str, Any]:
         s = self.settings
         self.personal.train()
-
-        def sgd(params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
-            return torch.optim.SGD(params, lr=s.lr, momentum=s.momentum,
-                                   weight_decay=s.weight_decay)
-
+        sgd = self.sgd
         base = list(self.model.base.parameters())
         h1 = list(self.model.head.parameters())
         opt1 = sgd(base + (h1 if self.ablation == "b" else list(self.personal.parameters())))

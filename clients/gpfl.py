@@ -51,13 +51,10 @@ class GpflClient(PersonalHeadClient):
             return (F.cross_entropy(out, y) + gce_loss(z_g, y, m.gce.weight)
                     + lam * torch.norm(z_g - frozen[y], 2))
 
-        s = self.settings
         valve = [*m.gce.parameters(), *m.gamma.parameters(), *m.beta.parameters()]
-        opt = torch.optim.SGD([
-            {"params": [*m.base.parameters(), *m.head.parameters()]},
-            {"params": valve, "weight_decay": eta}],
-            lr=s.lr, momentum=s.momentum, weight_decay=s.weight_decay)
-        result = self.sgd_epochs([], loss, s.local_epochs, optimizer=opt)
+        opt = self.sgd([{"params": [*m.base.parameters(), *m.head.parameters()]},
+                        {"params": valve, "weight_decay": eta}])
+        result = self.sgd_epochs([], loss, self.settings.local_epochs, optimizer=opt)
         self.keep_trained_head()
         return {"train-loss": result}
 

@@ -190,6 +190,11 @@ def validate(cfg: DictConfig, check_data: bool = True) -> None:
     _require(0 <= mom < 1, "train.momentum", mom, "must be in [0, 1)")
     wd = _number(cfg, "train.weight-decay")
     _require(wd >= 0, "train.weight-decay", wd, "must be >= 0")
+    milestones = list(cfg.train["lr-milestones"])
+    _require(all(isinstance(m, int) and m > 0 for m in milestones), "train.lr-milestones",
+             milestones, "must be positive round numbers")
+    decay = _number(cfg, "train.lr-decay")
+    _require(0 < decay <= 1, "train.lr-decay", decay, "must be in (0, 1]")
     _integer(cfg, "eval.eval-every", 1)
     ef = _number(cfg, "eval.fraction")
     _require(0 < ef <= 1, "eval.fraction", ef, "must be in (0, 1]")

@@ -59,7 +59,8 @@ def make_model(cfg: DictConfig) -> SplitNet:
 def train_settings(cfg: DictConfig) -> TrainSettings:
     t = cfg.train
     return TrainSettings(int(t["local-epochs"]), int(t["batch-size"]), float(t.lr),
-                         float(t.momentum), float(t["weight-decay"]), int(cfg.seed))
+                         float(t.momentum), float(t["weight-decay"]), int(cfg.seed),
+                         tuple(int(m) for m in t["lr-milestones"]), float(t["lr-decay"]))
 
 
 def algo_params(cfg: DictConfig) -> dict[str, Any]:

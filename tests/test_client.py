@@ -1,4 +1,5 @@
 import numpy as np
+import pytest
 import torch
 
 from clients.arrays import get_arrays
@@ -71,3 +72,14 @@ def test_state_dir_brings_state_back_after_a_restart(tmp_path):
     np.testing.assert_array_equal(arrays[0], np.arange(4.0))
     assert arrays[1].dtype == np.float32
     assert again.load_state("missing") is None
+
+
+def test_multi_step_learning_rate():
+    s = TrainSettings(1, 8, 0.1, 0.9, 0.0, 0, lr_milestones=(10, 20), lr_decay=0.1)
+    assert [s.lr_at(r) for r in (1, 10, 11, 20, 21)] == pytest.approx([0.1, 0.1, 0.01, 0.01,
+                                                                       0.001])
+    client = make_client()
+    client.settings = s
+    client.seed_generator({"server-round": 15}, 0)
+    opt = client.sgd(client.model.parameters())
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.01)
