@@ -14,6 +14,7 @@ import shlex
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -106,10 +107,11 @@ class LocalSuperLink:
 
     def healthy(self) -> bool:
         scheme = "http" if self.connection.get("insecure") else "https"
-        verify = self.connection.get("root-certificates", True)
+        ca = self.connection.get("root-certificates")
+        verify = ssl.create_default_context(cafile=str(ca)) if ca else True
         try:
             return httpx.get(f"{scheme}://{self.address}/health", timeout=1.0,
-                             verify=verify).is_success  # type: ignore[arg-type]
+                             verify=verify).is_success
         except httpx.HTTPError:
             return False
 
