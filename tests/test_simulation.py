@@ -14,12 +14,18 @@ SUMMARY = ("best_global_accuracy", "best_personal_accuracy", "final_global_accur
            "final_personal_accuracy", "wall_seconds", "emd")
 
 
-def run_cli(tmp_path, name, *extra):
-    cmd = [sys.executable, "-m", "fedapps.cli", "run", "quickstart", "--set", "rounds=3",
-           "--set", f"output.output-dir={tmp_path}", "--set", f"output.run-name={name}", *extra]
+def run(tmp_path, experiment, name, *sets):
+    """`fedapps run EXPERIMENT --set ...` into tmp_path/name; returns (process, results.json)."""
+    cmd = [sys.executable, "-m", "fedapps.cli", "run", experiment]
+    for item in (*sets, f"output.output-dir={tmp_path}", f"output.run-name={name}"):
+        cmd += ["--set", item]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc, json.loads((tmp_path / name / "results.json").read_text())
+
+
+def run_cli(tmp_path, name):
+    return run(tmp_path, "quickstart", name, "rounds=3")
 
 
 @pytest.fixture(scope="module")
@@ -56,11 +62,7 @@ def test_same_seed_gives_the_same_numbers(first_run, tmp_path):
 
 
 def test_fedreb_simulation_keeps_personal_heads_across_rounds(tmp_path):
-    cmd = [sys.executable, "-m", "fedapps.cli", "run", "fedreb-quick", "--set", "rounds=3",
-           "--set", f"output.output-dir={tmp_path}", "--set", "output.run-name=reb"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    doc = json.loads((tmp_path / "reb" / "results.json").read_text())
+    _, doc = run(tmp_path, "fedreb-quick", "reb", "rounds=3")
     last = doc["rounds"][-1]
     # alpha 0.1: personal heads (H1 + H2) fit each client's few classes far better than the
     # global model; without H2 kept in the node state P would equal G
@@ -74,28 +76,15 @@ def test_fedreb_simulation_keeps_personal_heads_across_rounds(tmp_path):
     ("fedbabu", ["algo.finetune-epochs=2"]), ("fedrod", []), ("gpfl", []),
 ])
 def test_baseline_runs_two_rounds_in_a_real_simulation(tmp_path, algorithm, extra):
-    sets = ["rounds=2", f"algorithm={algorithm}", f"output.output-dir={tmp_path}",
-            "output.run-name=r", *extra]
-    cmd = [sys.executable, "-m", "fedapps.cli", "run", "fedreb-quick"]
-    for s in sets:
-        cmd += ["--set", s]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    doc = json.loads((tmp_path / "r" / "results.json").read_text())
+    _, doc = run(tmp_path, "fedreb-quick", "r", "rounds=2", f"algorithm={algorithm}", *extra)
     assert [r["round"] for r in doc["rounds"]] == [1, 2]
     assert all(r["failures"] == 0 and r["bytes_up"] > 0 for r in doc["rounds"])
     assert doc["summary"]["final_global_accuracy"] > 0.15  # above chance (0.1)
 
 
 def test_fedrolex_runs_with_official_test_accuracy(tmp_path):
-    sets = ["rounds=2", "algorithm=fedrolex", "data.partitioner=shards", "data.pool=official",
-            f"output.output-dir={tmp_path}", "output.run-name=r"]
-    cmd = [sys.executable, "-m", "fedapps.cli", "run", "quickstart"]
-    for s in sets:
-        cmd += ["--set", s]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    doc = json.loads((tmp_path / "r" / "results.json").read_text())
+    _, doc = run(tmp_path, "quickstart", "r", "rounds=2", "algorithm=fedrolex",
+                 "data.partitioner=shards", "data.pool=official")
     for r in doc["rounds"]:
         assert 0.0 <= r["official_test_accuracy"] <= 1.0 and r["failures"] == 0
         betas = {m["beta"] for m in r["client_fit_metrics"].values()}
