@@ -51,6 +51,41 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def descendants(pid: int) -> list[int]:
+    """All live descendants of a process (Linux /proc; empty elsewhere)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def terminate(pids: list[int], grace: float = 5.0) -> None:
+    """SIGTERM, then SIGKILL whatever is still alive after `grace` seconds."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        alive = []
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+                alive.append(pid)
+            except ProcessLookupError:
+                continue
+        if not alive or sig == signal.SIGKILL:
+            return
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() for p in alive):
+            time.sleep(0.2)
+        pids = alive
+
+
 def toml_string(value: str) -> str:
     return json.dumps(value)  # a JSON string literal is a valid TOML basic string
 
@@ -116,19 +151,22 @@ class LocalSuperLink:
             return False
 
     def stop(self) -> None:
-        """Stop the SuperLink and everything it spawned (its process group)."""
+        """Stop the SuperLink and everything it spawned: its process group, and descendants
+        that left the group (Ray's services start sessions of their own)."""
         if self.process is None or self.process.poll() is not None:
             return
+        family = descendants(self.process.pid)
         for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
             try:
                 os.killpg(self.process.pid, sig)
             except ProcessLookupError:
-                return
+                break
             try:
                 self.process.wait(timeout=wait)
-                return
+                break
             except subprocess.TimeoutExpired:
                 continue
+        terminate(family)
 
     def __exit__(self, *exc: object) -> None:
         self.stop()

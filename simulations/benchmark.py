@@ -172,8 +172,10 @@ def main(argv: list[str] | None = None) -> int:
     res["scaling"] = []
     for n in scaling:
         frac = 1.0 if n <= 100 else 100 / n  # large federations: a seeded 100-client sample
+        # IID so that every federation size can be partitioned (Dirichlet 0.1 with 500 clients
+        # cannot give each client data.min-size samples)
         extra = [f"federation.num-clients={n}", "federation.clients-per-round=5",
-                 f"eval.fraction={frac:g}"]
+                 f"eval.fraction={frac:g}", "data.partitioner=iid"]
         print(f"benchmark: scaling, {n} clients", flush=True)
         r = flower_run(experiment, sets + extra, work)
         res["scaling"].append({"clients": n, "round": steady(r["round_seconds"]),
