@@ -127,7 +127,7 @@ class BaseClient(NumPyClient):
         server_round = int(config.get("server-round", 0))
         self.server_round = server_round
         self.generator.manual_seed(self.settings.seed * 1_000_003 + server_round * 1009
-                                   + self.partition_id * 7 + stream)
+                                   + self.partition_id + 500_009 * stream)
 
     # ---- hooks ------------------------------------------------------------------------------
     def load_global(self, parameters: list[np.ndarray]) -> None:
