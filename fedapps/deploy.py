@@ -174,7 +174,12 @@ def check_node_settings(superlink: str, partition_id: int, num_partitions: int,
     if dataset is not None:
         if dataset not in DATASETS:
             raise ConfigError(f"--dataset={dataset!r}: allowed: {', '.join(sorted(DATASETS))}")
-        check_available(dataset, Path(data_root or "data").resolve(), download=False)
+        root = Path(data_root or "data").resolve()
+        try:
+            check_available(dataset, root, download=False)
+        except ConfigError:
+            raise ConfigError(f"--data-root={str(root)!r}: dataset {dataset} not found there "
+                              "(copy its folder, e.g. FashionMNIST/raw, to the device)") from None
     scheme = "https" if tls else "http"
     try:
         httpx.get(f"{scheme}://{superlink}/health", timeout=3.0, verify=False)
