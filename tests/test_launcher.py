@@ -36,3 +36,22 @@ def test_descendants_include_children_in_their_own_session_and_terminate_ends_th
 def test_free_port_and_toml_strings():
     assert 1024 < free_port() < 65536
     assert toml_string('a "quoted" \\ path') == '"a \\"quoted\\" \\\\ path"'
+
+
+def test_node_settings_are_checked_with_one_line_errors(tmp_path):
+    import pytest
+
+    from fedapps.config import ConfigError
+    from fedapps.deploy import check_node_settings
+
+    closed = free_port()  # nothing listens there
+    cases = [
+        (("superlink-without-port", 0, 2, None, None), "expected host:port"),
+        ((f"127.0.0.1:{closed}", 2, 2, None, None), "--partition-id=2: must be in 0..1"),
+        ((f"127.0.0.1:{closed}", 0, 2, str(tmp_path), "fmnist"), "dataset fmnist not found"),
+        ((f"127.0.0.1:{closed}", 0, 2, None, None), "cannot reach a SuperLink there"),
+    ]
+    for args, message in cases:
+        with pytest.raises(ConfigError) as err:
+            check_node_settings(*args)
+        assert message in str(err.value) and "\n" not in str(err.value)
