@@ -1,6 +1,11 @@
 """Client of the model-heterogeneous methods: builds its model at the capacity beta the server
 sends, trains it (optionally with the label-masked classifier of the HeteroFL code) and uploads
-it; evaluation uses the full global model."""
+it; evaluation uses the full global model.
+
+With `label-mask`, seed 004's "local accuracy" is the P column: the full global model's argmax
+restricted to the client's own classes, as the HeteroFL/FedRolex code evaluates it. G stays the
+unmasked accuracy on the same local test split; the official test split gives global accuracy.
+"""
 
 from __future__ import annotations
 
@@ -32,11 +37,25 @@ class PartialClient(BaseClient):
     def load_global(self, parameters: list[np.ndarray]) -> None:
         set_arrays(self.model, parameters)
 
+    @property
+    def label_mask(self) -> bool:
+        return bool(self.algo.get("label-mask", False))
+
+    def absent_classes(self) -> torch.Tensor:
+        """Boolean mask of the classes missing from this client's training data."""
+        classes = self.model.classifier.out_features
+        return (torch.bincount(self.data.y_train, minlength=classes) == 0).to(self.device)
+
+    def predict(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = self.model(x)
+        if not self.label_mask:
+            return logits, logits
+        return logits, logits.masked_fill(self.absent_classes(), float("-inf"))
+
     def local_train(self, config: dict[str, Any]) -> dict[str, Any]:
         loss_fn = self.ce_loss(self.model)
-        if self.algo.get("label-mask", False):
-            classes = self.model.classifier.out_features
-            absent = (torch.bincount(self.data.y_train, minlength=classes) == 0).to(self.device)
+        if self.label_mask:
+            absent = self.absent_classes()
 
             def loss_fn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
                 return F.cross_entropy(self.model(x).masked_fill(absent, -1e9), y)

@@ -39,53 +39,66 @@ def _series(doc: dict[str, Any], key: str) -> tuple[np.ndarray, np.ndarray]:
 
 def plot_curves_with_bands(by_cell: dict[str, list[dict[str, Any]]], path: Path,
                            title: str) -> Path:
-    """G (solid) and P (dashed) per round for each cell: mean over seeds, band = min..max."""
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    """G and P per round in two panels, one colour per cell: mean over seeds, band = min..max.
+
+    Two panels and a legend outside the axes keep a ten-method comparison readable.
+    """
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5), sharey=True)
     for i, (label, docs) in enumerate(by_cell.items()):
         color = f"C{i % 10}"
-        for key, style, name in (("global_accuracy", "-", "G"),
-                                 ("personal_accuracy", "--", "P")):
+        style = "-" if i < 10 else "--"
+        for ax, key in zip(axes, ("global_accuracy", "personal_accuracy"), strict=True):
             series = [_series(d, key) for d in docs]
             n = min((len(v) for _, v in series), default=0)
             if n == 0:
                 continue
             rounds = series[0][0][:n]
             stack = np.stack([v[:n] for _, v in series])
-            ax.plot(rounds, stack.mean(0), style, color=color, label=f"{label} {name}")
+            ax.plot(rounds, stack.mean(0), style, color=color, label=label)
             if len(docs) > 1:
                 ax.fill_between(rounds, stack.min(0), stack.max(0), color=color, alpha=0.15)
-    ax.set_xlabel("round")
-    ax.set_ylabel("accuracy (%)")
-    ax.set_title(f"{title}: G and P (mean over seeds, band = min..max)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    for ax, name in zip(axes, ("G (global model)", "P (personalized)"), strict=True):
+        ax.set_xlabel("round")
+        ax.set_title(name)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("accuracy (%)")
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
+    fig.suptitle(f"{title}: mean over seeds, band = min..max")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
     return path
 
 
+def _last_round_client_accuracies(docs: list[dict[str, Any]], key: str) -> list[float]:
+    """Per-client accuracies (%) of each run's last evaluated round, runs pooled."""
+    vals: list[float] = []
+    for d in docs:
+        last = [r for r in d["rounds"] if r.get(key)]
+        if last:
+            vals += [100 * a for a in last[-1][key] if a is not None]
+    return vals
+
+
 def plot_client_distribution(by_cell: dict[str, list[dict[str, Any]]], path: Path,
                              title: str) -> Path:
-    """Per-client accuracy of the last evaluated round, all seeds pooled: G and P per cell."""
-    data, labels = [], []
-    for label, docs in by_cell.items():
-        for key, name in (("client_global_accuracy", "G"), ("client_personal_accuracy", "P")):
-            vals = []
-            for d in docs:
-                last = [r for r in d["rounds"] if r.get(key)]
-                if last:
-                    vals += [100 * a for a in last[-1][key] if a is not None]
-            if vals:
-                data.append(vals)
-                labels.append(f"{label}\n{name}")
-    fig, ax = plt.subplots(figsize=(max(5, 1.2 * len(data)), 4))
-    if data:
-        ax.boxplot(data)
-        ax.set_xticks(range(1, len(labels) + 1), labels, fontsize=8)
-    ax.set_ylabel("client accuracy (%)")
-    ax.set_title(f"{title}: per-client accuracy, final round")
-    ax.grid(alpha=0.3, axis="y")
+    """Per-client accuracy of the last evaluated round, all seeds pooled: a G and a P panel."""
+    labels = list(by_cell)
+    fig, axes = plt.subplots(1, 2, figsize=(max(8, 1.1 * len(labels) + 3), 4), sharey=True)
+    for ax, key, name in zip(axes, ("client_global_accuracy", "client_personal_accuracy"),
+                             ("G (global model)", "P (personalized)"), strict=True):
+        data = [_last_round_client_accuracies(by_cell[label], key) for label in labels]
+        shown = [(lab, vals) for lab, vals in zip(labels, data, strict=True) if vals]
+        if shown:
+            ax.boxplot([vals for _, vals in shown])
+            ax.set_xticks(range(1, len(shown) + 1), [lab for lab, _ in shown], fontsize=8,
+                          rotation=30 if len(shown) > 4 else 0, ha="right" if len(shown) > 4
+                          else "center")
+        ax.set_title(name)
+        ax.grid(alpha=0.3, axis="y")
+    axes[0].set_ylabel("client accuracy (%)")
+    fig.suptitle(f"{title}: per-client accuracy, final round (seeds pooled)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -105,7 +105,8 @@ def _width_model(cfg: DictConfig, beta: float = 1.0) -> torch.nn.Module:
 
 def _validate_partial(cfg: DictConfig) -> None:
     _choices(cfg, {"capacity": ("uniform", "rho", "income"),
-                   "assignment": ("dynamic", "fixed"), "model": ("width-cnn", "preresnet18")})
+                   "assignment": ("dynamic", "fixed"), "model": ("width-cnn", "preresnet18"),
+                   "weighting": ("none", "model-size", "model-update", "hybrid")})
     levels = list(cfg.algo.levels)
     if not levels or any(not isinstance(b, int | float) or not 0 < b <= 1 for b in levels):
         raise ConfigError(f"algo.levels={levels}: capacities must be in (0, 1]")

@@ -21,11 +21,16 @@ from omegaconf import OmegaConf
 
 from fedapps.config import CONF_DIR, ConfigError, available, load_config, validate
 
-METRICS = (("best_global_accuracy", "best G"), ("best_personal_accuracy", "best P"),
-           ("final_global_accuracy", "final G"), ("final_personal_accuracy", "final P"))
-# model-heterogeneous methods: the global model on the official test split (seed 004's "global")
-OFFICIAL = (("best_official_test_accuracy", "best official test"),
-            ("final_official_test_accuracy", "final official test"))
+# (summary key, column name, scale): accuracies in %, costs in millions
+METRICS = (("best_global_accuracy", "best G", 100.0), ("best_personal_accuracy", "best P", 100.0),
+           ("final_global_accuracy", "final G", 100.0),
+           ("final_personal_accuracy", "final P", 100.0))
+# model-heterogeneous methods: the global model on the official test split (seed 004's "global"),
+# and the per-client cost of seed 004 Table 3.6
+OFFICIAL = (("best_official_test_accuracy", "best official test", 100.0),
+            ("final_official_test_accuracy", "final official test", 100.0),
+            ("mean_client_params", "params/client (M)", 1e-6),
+            ("mean_client_flops", "MFLOPs/client", 1e-6))
 
 
 @dataclass
@@ -136,18 +141,24 @@ def collect(grid: Grid, out_root: Path) -> dict[str, list[dict[str, Any]]]:
 
 
 def table(by_cell: dict[str, list[dict[str, Any]]], grid: Grid) -> str:
-    """Markdown: mean +- std of best/final G and P (%) per cell, beside the paper's G and P."""
+    """Markdown: mean +- sample std of best/final G and P (%) per cell, beside the paper's G and P.
+
+    A cell with a single seed shows its value without a spread.
+    """
     metrics = METRICS + (OFFICIAL if any("best_official_test_accuracy" in d["summary"]
                                          for docs in by_cell.values() for d in docs) else ())
-    lines = [f"| cell | seeds | {' | '.join(name for _, name in metrics)} | paper G | paper P |",
+    lines = [f"| cell | seeds | {' | '.join(name for _, name, _ in metrics)} | paper G | paper P |",
              "|" + " --- |" * (len(metrics) + 4)]
     for label, docs in by_cell.items():
         cells = []
-        for key, _ in metrics:
+        for key, _, scale in metrics:
             vals = [d["summary"][key] for d in docs if d["summary"].get(key) is not None]
             if vals:
-                m, s = mean_std([100 * v for v in vals])
-                cells.append(f"{m:.2f} ± {s:.2f}")
+                m, s = mean_std([scale * v for v in vals])
+                # One seed has no spread: print the value alone rather than a misleading "± 0.00".
+                digits = 2 if scale == 100.0 else 4  # costs in millions need more digits
+                cells.append(f"{m:.{digits}f} ± {s:.{digits}f}" if len(vals) > 1
+                             else f"{m:.{digits}f}")
             else:
                 cells.append("-")
         ref = grid.reference.get(label) or {}
@@ -173,12 +184,17 @@ def plot_all(by_cell: dict[str, list[dict[str, Any]]], out: Path, title: str) ->
 
 
 def reproduce(name: str, seeds: int | None, overrides: Sequence[str], out_root: Path,
-              runner: Runner, log: Callable[[str], None] = print) -> Path:
-    """Run (or resume) a grid, then write table.md and plots under <out_root>/<grid>/."""
+              runner: Runner, log: Callable[[str], None] = print,
+              table_only: bool = False) -> Path:
+    """Run (or resume) a grid, then write table.md and plots under <out_root>/<grid>/.
+
+    `table_only` tabulates the finished runs already on disk without starting any.
+    """
     grid = load_grid(name)
     if seeds is not None:
         grid.seeds = list(range(seeds))
-    run_grid(grid, overrides, out_root, runner, log)
+    if not table_only:
+        run_grid(grid, overrides, out_root, runner, log)
     by_cell = collect(grid, out_root)
     out = out_root / grid.name
     out.mkdir(parents=True, exist_ok=True)

@@ -72,9 +72,20 @@ class PartialTraining(BaseStrategy):
             return []  # not sampled this round: any upload is rejected
         return extract(self.global_arrays, self.specs, self.index[partition_id])
 
+    def client_weight(self, upload: Upload) -> float:
+        """Seed 004 Table 3.4: `none` (equal, FedRolex's default), `model-size` (the sub-model's
+        parameter count), `model-update` (local SGD steps, proportional to the client's samples
+        at a fixed batch size and epoch count) or `hybrid` (their product)."""
+        scheme = str(self.algo.get("weighting", "none"))
+        size = float(sum(a.size for a in upload.arrays))  # shapes were validated on arrival
+        updates = float(upload.num_examples)
+        return {"none": 1.0, "model-size": size, "model-update": updates,
+                "hybrid": size * updates}[scheme]
+
     def aggregate(self, server_round: int, uploads: list[Upload]) -> list[np.ndarray]:
         return selective_average(self.global_arrays, self.specs,
-                                 [(self.index[u.partition_id], u.arrays, 1.0) for u in uploads])
+                                 [(self.index[u.partition_id], u.arrays, self.client_weight(u))
+                                  for u in uploads])
 
 
 class FedRolex(PartialTraining):

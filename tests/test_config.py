@@ -59,6 +59,12 @@ def test_clients_per_round():
     (["device=tpu"], "device='tpu': allowed: auto, cpu, cuda"),
     (["eval.fraction=0"], "eval.fraction=0: must be in (0, 1]"),
     (["rounds"], "override 'rounds': expected key=value"),
+    (["algorithm=fedrolex", "algo.weighting=size"],
+     "algo.weighting='size': allowed: none, model-size, model-update, hybrid"),
+    (["algorithm=heterofl", "algo.capacity=zipf"],
+     "algo.capacity='zipf': allowed: uniform, rho, income"),
+    (["algorithm=feddropout", "algo.levels=[1.5]"],
+     "algo.levels=[1.5]: capacities must be in (0, 1]"),
 ])
 def test_bad_values_name_the_key_and_what_is_allowed(overrides, message):
     with pytest.raises(ConfigError) as err:

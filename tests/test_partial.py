@@ -79,6 +79,28 @@ def test_selective_averaging_in_a_round_with_two_capacities():
     assert np.all(conv[:2] == 2.0) and np.all(conv[2:] == 1.0)
 
 
+@pytest.mark.parametrize("weighting,expected_shared", [
+    ("none", 2.0),                                    # (1 + 3) / 2
+    ("model-size", None),                             # by parameter count, computed below
+    ("model-update", (1.0 * 10 + 3.0 * 30) / 40),     # by samples: 10 and 30
+])
+def test_table_3_4_weighting_schemes(weighting, expected_shared):
+    model = WidthCNN(1, 10, (8,))
+    s = make(HeteroFL, model, algo={"levels": [1.0, 0.25], "weighting": weighting}, n=2)
+    s.beta = lambda rnd, pid: [1.0, 0.25][pid]
+    big, small = s.fit_arrays(1, 0), s.fit_arrays(1, 1)
+    res = [FitRes(Status(Code.OK, ""), ndarrays_to_parameters([np.full_like(a, v) for a in arrs]),
+                  n, {"partition-id": pid})
+           for pid, arrs, v, n in ((0, big, 1.0, 10), (1, small, 3.0, 30))]
+    params, _ = s.aggregate_fit(1, [(None, r) for r in res], [])
+    conv = parameters_to_ndarrays(params)[0]
+    if expected_shared is None:
+        w_big, w_small = sum(a.size for a in big), sum(a.size for a in small)
+        assert w_big > w_small  # the full model holds more parameters
+        expected_shared = (1.0 * w_big + 3.0 * w_small) / (w_big + w_small)
+    assert np.allclose(conv[:2], expected_shared) and np.all(conv[2:] == 1.0)
+
+
 def test_the_three_schemes_differ_only_in_the_index_sets():
     model = WidthCNN(1, 10, (16, 32))
     idx = {}
@@ -130,3 +152,35 @@ def test_preresnet18_flops_agree_with_table_3_6():
 
     macs = forward_flops(PreResNet18(3, 10), (3, 32, 32)) / 2
     assert macs == pytest.approx(557.656e6, rel=0.01)  # the paper also counts norm layers
+
+
+def _two_class_client(label_mask):
+    from clients.base import TrainSettings
+    from clients.partial import PartialClient
+    from fedapps.data import ClientData
+
+    x = torch.randn(8, 1, 28, 28, generator=torch.Generator().manual_seed(0))
+    y = torch.tensor([3, 7, 3, 7, 3, 7, 3, 7])  # a client holding classes 3 and 7 only
+    torch.manual_seed(0)
+    model = WidthCNN(1, 10, (4, 8, 16))
+    return PartialClient(model, ClientData(x[:4], y[:4], x[4:], y[4:]),
+                         TrainSettings(1, 4, 0.01, 0.9, 0.0, 0), 0,
+                         algo={"label-mask": label_mask},
+                         model_factory=lambda beta: WidthCNN(1, 10, (4, 8, 16), beta))
+
+
+def test_label_masked_local_accuracy_argmaxes_over_the_clients_classes():
+    client = _two_class_client(label_mask=True)
+    with torch.no_grad():  # make an absent class win everywhere: unmasked G is 0, masked P not
+        client.model.classifier.bias.copy_(torch.tensor([50.0] + [0.0] * 9))
+        client.model.classifier.bias[3] = 1.0
+    arrays = get_arrays(client.model)
+    _, n, metrics = client.evaluate(arrays, {})
+    assert n == 4 and metrics["correct-global"] == 0
+    with torch.no_grad():
+        logits = client.model(client.data.x_test)
+    expected = torch.where(logits[:, 3] >= logits[:, 7], 3, 7)  # argmax over {3, 7} only
+    assert metrics["correct-personal"] == int((expected == client.data.y_test).sum()) > 0
+    plain = _two_class_client(label_mask=False)
+    _, _, unmasked = plain.evaluate(arrays, {})
+    assert unmasked["correct-personal"] == unmasked["correct-global"] == 0

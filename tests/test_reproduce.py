@@ -80,6 +80,14 @@ def test_table_counts_every_finished_seed_on_disk(tmp_path):
     assert [len(d) for d in collect(one_seed, tmp_path).values()] == [2, 2]
 
 
+def test_single_seed_cell_shows_no_spread(tmp_path):
+    one_seed = Grid("g", "quickstart", [0], {"algorithm": ["fedavg"]})
+    run_grid(one_seed, [], tmp_path, FakeRunner(VALUES), log=lambda s: None)
+    md = table(collect(one_seed, tmp_path), one_seed)
+    # seed 0 of fedavg: best G 0.80 -> "80.00" alone, no "± 0.00"
+    assert "| fedavg | 1 | 80.00 | " in md and "±" not in md
+
+
 def test_cell_overrides_apply_to_their_cell_only(tmp_path):
     grid = Grid("h", "quickstart", [0], {"algorithm": ["fedavg", "fedreb"]},
                 cell_overrides={"fedreb": ["algo.threshold=max"]})
@@ -130,3 +138,25 @@ def test_every_grid_file_validates_and_references_its_cells():
                     *grid.cell_overrides.get(cell_label(cell), [])]
             validate(load_config(grid.experiment, sets), check_data=False)
         assert set(grid.reference) <= labels, name  # paper numbers only for cells that run
+
+
+def test_table_only_starts_no_run(tmp_path):
+    from simulations.reproduce import reproduce
+
+    calls = []
+    out = reproduce("quickstart", 1, [], tmp_path, lambda *a: calls.append(a),
+                    log=lambda s: None, table_only=True)
+    assert calls == [] and (out / "table.md").read_text().startswith("# quickstart")
+
+
+def test_model_heterogeneous_runs_add_official_test_and_cost_columns():
+    docs = [fake_doc(0.5, 0.9) for _ in range(2)]
+    for doc, acc, params in zip(docs, (0.60, 0.64), (2_978_123, 2_978_123), strict=True):
+        doc["summary"].update(best_official_test_accuracy=acc, final_official_test_accuracy=acc,
+                              mean_client_params=params, mean_client_flops=149_048_384)
+    grid = Grid("r", "quickstart", [0, 1], {"algorithm": ["fedrolex"]},
+                {"fedrolex": {"G": 69.44}})
+    md = table({"fedrolex": docs}, grid)
+    assert "| best official test | final official test | params/client (M) | MFLOPs/client |" in md
+    # official test 60 and 64 -> 62.00 ± 2.83; costs in millions with four decimals
+    assert "| 62.00 ± 2.83 | 62.00 ± 2.83 | 2.9781 ± 0.0000 | 149.0484 ± 0.0000 | 69.44 | - |" in md
