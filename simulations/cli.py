@@ -17,7 +17,8 @@ def _reproduce(args: argparse.Namespace) -> int:
         return run_experiment(experiment, sets, n_clients, run_dir)
 
     out = reproduce(args.grid, args.seeds, args.overrides, Path(args.output_dir).resolve(),
-                    runner, table_only=args.table_only)
+                    runner, table_only=args.table_only,
+                    only=[c for c in args.cells.split(",") if c] if args.cells else ())
     print(f"fedapps: table and plots in {out}")
     return 0
 
@@ -28,6 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("grid", help="a file in conf/grid (or an experiment preset)")
     r.add_argument("--seeds", type=int, default=None, help="use seeds 0..N-1 (default: the grid's)")
     r.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    r.add_argument("--cells", default=None, metavar="LABEL[,LABEL]",
+                   help="run only these cells (the table still shows every finished run)")
     r.add_argument("--table-only", action="store_true",
                    help="only tabulate and plot the finished runs on disk; start none")
     r.add_argument("--output-dir", default="outputs", help="runs go to <output-dir>/<grid>/")

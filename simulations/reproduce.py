@@ -94,10 +94,21 @@ Runner = Callable[[str, list[str], int, Path], str]
 
 
 def run_grid(grid: Grid, overrides: Sequence[str], out_root: Path, runner: Runner,
-             log: Callable[[str], None] = print) -> list[tuple[dict[str, Any], int, Path]]:
-    """Run every (cell, seed) not yet complete; returns all (cell, seed, run dir)."""
+             log: Callable[[str], None] = print, only: Sequence[str] = ()
+             ) -> list[tuple[dict[str, Any], int, Path]]:
+    """Run every (cell, seed) not yet complete; returns all (cell, seed, run dir).
+
+    `only` restricts the runs to the cells with these labels (e.g. to redo one method).
+    """
+    labels = [cell_label(c) for c in grid.cells()]
+    unknown = sorted(set(only) - set(labels))
+    if unknown:
+        raise ConfigError(f"--cells {','.join(unknown)}: not a cell of grid {grid.name}; cells: "
+                          f"{', '.join(labels)}")
     plan = []
     for cell in grid.cells():
+        if only and cell_label(cell) not in only:
+            continue
         for seed in grid.seeds:
             sets = [f"wandb.group={grid.name}", *grid.overrides, *overrides,
                     *(f"{k}={v}" for k, v in cell.items()),
@@ -185,7 +196,7 @@ def plot_all(by_cell: dict[str, list[dict[str, Any]]], out: Path, title: str) ->
 
 def reproduce(name: str, seeds: int | None, overrides: Sequence[str], out_root: Path,
               runner: Runner, log: Callable[[str], None] = print,
-              table_only: bool = False) -> Path:
+              table_only: bool = False, only: Sequence[str] = ()) -> Path:
     """Run (or resume) a grid, then write table.md and plots under <out_root>/<grid>/.
 
     `table_only` tabulates the finished runs already on disk without starting any.
@@ -194,7 +205,7 @@ def reproduce(name: str, seeds: int | None, overrides: Sequence[str], out_root: 
     if seeds is not None:
         grid.seeds = list(range(seeds))
     if not table_only:
-        run_grid(grid, overrides, out_root, runner, log)
+        run_grid(grid, overrides, out_root, runner, log, only)
     by_cell = collect(grid, out_root)
     out = out_root / grid.name
     out.mkdir(parents=True, exist_ok=True)

@@ -160,3 +160,13 @@ def test_model_heterogeneous_runs_add_official_test_and_cost_columns():
     assert "| best official test | final official test | params/client (M) | MFLOPs/client |" in md
     # official test 60 and 64 -> 62.00 ± 2.83; costs in millions with four decimals
     assert "| 62.00 ± 2.83 | 62.00 ± 2.83 | 2.9781 ± 0.0000 | 149.0484 ± 0.0000 | 69.44 | - |" in md
+
+
+def test_only_runs_the_named_cells_and_rejects_unknown_ones(tmp_path):
+    from fedapps.config import ConfigError
+
+    runner = FakeRunner(VALUES)
+    run_grid(GRID, [], tmp_path, runner, log=lambda s: None, only=["fedreb"])
+    assert sorted(c[2] for c in runner.calls) == ["fedreb-s0", "fedreb-s1"]
+    with pytest.raises(ConfigError, match="--cells fedrob: not a cell of grid g; cells: fedavg"):
+        run_grid(GRID, [], tmp_path, runner, log=lambda s: None, only=["fedrob"])
