@@ -106,3 +106,14 @@ def test_input_channels_follow_the_previous_layer_and_classifier_keeps_outputs()
              ParamSpec((None, "w"))]
     sub = extract(g, specs, group_indices({"w": 8}, "rolling", 0.25, 6))
     assert [a.shape for a in sub] == [(2, 3, 3, 3), (2, 2, 3, 3), (10, 2)]
+
+
+def test_cohort_sizes_per_scheme():
+    from simulations.coverage import cohort_sizes, main, summary
+
+    rolling = cohort_sizes("rolling", 8, 8, 3, levels=[0.25])  # windows of 2, one step a round
+    static = cohort_sizes("static", 8, 8, 3, levels=[0.25])
+    assert rolling.sum(axis=0).tolist() == [6] * 8  # each node: 2 of 8 rounds x 3 clients
+    assert static[:, :2].tolist() == [[3, 3]] * 8 and static[:, 2:].sum() == 0
+    assert summary(static) == {"leading": 3.0, "trailing": 0.0, "all": 0.75, "untouched": 0.75}
+    assert main(["--width", "16", "--rounds", "4", "--clients", "2"]) == 0
