@@ -9,6 +9,7 @@ rebuilt from whatever runs exist.
 
 from __future__ import annotations
 
+import glob
 import itertools
 import json
 from collections.abc import Callable, Sequence
@@ -142,7 +143,8 @@ def collect(grid: Grid, out_root: Path) -> dict[str, list[dict[str, Any]]]:
     by_cell: dict[str, list[dict[str, Any]]] = {}
     for cell in grid.cells():
         prefix = run_dir_for(out_root, grid, cell, 0).name[: -len("-s0")]
-        runs = sorted((out_root / grid.name).glob(f"{prefix}-s*"),
+        # cell names may hold glob characters (algo.hidden-[2_4_8]): escape them
+        runs = sorted((out_root / grid.name).glob(f"{glob.escape(prefix)}-s*"),
                       key=lambda p: p.name)
         docs = [json.loads((r / "results.json").read_text()) for r in runs
                 if r.name[len(prefix) + 2:].isdigit() and is_complete(r)]

@@ -170,3 +170,14 @@ def test_only_runs_the_named_cells_and_rejects_unknown_ones(tmp_path):
     assert sorted(c[2] for c in runner.calls) == ["fedreb-s0", "fedreb-s1"]
     with pytest.raises(ConfigError, match="--cells fedrob: not a cell of grid g; cells: fedavg"):
         run_grid(GRID, [], tmp_path, runner, log=lambda s: None, only=["fedrob"])
+
+
+def test_cells_with_brackets_in_their_values_are_collected(tmp_path):
+    from simulations.reproduce import run_dir_for
+
+    grid = Grid("b", "quickstart", [0], {"algo.hidden": ["[2,4,8]", "[32,64,128]"]})
+    for cell in grid.cells():
+        run = run_dir_for(tmp_path, grid, cell, 0)  # e.g. b/algo.hidden-[2_4_8]-s0
+        run.mkdir(parents=True)
+        (run / "results.json").write_text(json.dumps(fake_doc(0.5, 0.5)))
+    assert list(collect(grid, tmp_path)) == ["algo.hidden=[2,4,8]", "algo.hidden=[32,64,128]"]
