@@ -37,17 +37,25 @@ def _series(doc: dict[str, Any], key: str) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(rounds), np.asarray(values)
 
 
+PANELS = (("global_accuracy", "G (global model)"), ("personal_accuracy", "P (personalized)"))
+OFFICIAL_PANEL = ("official_test_accuracy", "official test split (global accuracy)")
+
+
 def plot_curves_with_bands(by_cell: dict[str, list[dict[str, Any]]], path: Path,
                            title: str) -> Path:
-    """G and P per round in two panels, one colour per cell: mean over seeds, band = min..max.
+    """G and P per round (and the official-test accuracy where runs report it), one panel each
+    and one colour per cell: mean over seeds, band = min..max.
 
-    Two panels and a legend outside the axes keep a ten-method comparison readable.
+    Separate panels and a legend outside the axes keep a ten-method comparison readable.
     """
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5), sharey=True)
+    official = any(r.get(OFFICIAL_PANEL[0]) is not None
+                   for docs in by_cell.values() for d in docs for r in d["rounds"])
+    panels = PANELS + ((OFFICIAL_PANEL,) if official else ())
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.5), sharey=True)
     for i, (label, docs) in enumerate(by_cell.items()):
         color = f"C{i % 10}"
         style = "-" if i < 10 else "--"
-        for ax, key in zip(axes, ("global_accuracy", "personal_accuracy"), strict=True):
+        for ax, (key, _) in zip(axes, panels, strict=True):
             series = [_series(d, key) for d in docs]
             n = min((len(v) for _, v in series), default=0)
             if n == 0:
@@ -57,7 +65,7 @@ def plot_curves_with_bands(by_cell: dict[str, list[dict[str, Any]]], path: Path,
             ax.plot(rounds, stack.mean(0), style, color=color, label=label)
             if len(docs) > 1:
                 ax.fill_between(rounds, stack.min(0), stack.max(0), color=color, alpha=0.15)
-    for ax, name in zip(axes, ("G (global model)", "P (personalized)"), strict=True):
+    for ax, (_, name) in zip(axes, panels, strict=True):
         ax.set_xlabel("round")
         ax.set_title(name)
         ax.grid(alpha=0.3)
