@@ -138,6 +138,7 @@ def test_every_grid_file_validates_and_references_its_cells():
                     *grid.cell_overrides.get(cell_label(cell), [])]
             validate(load_config(grid.experiment, sets), check_data=False)
         assert set(grid.reference) <= labels, name  # paper numbers only for cells that run
+        assert set(grid.cell_overrides) <= labels, name  # no override for a cell that is not
 
 
 def test_table_only_starts_no_run(tmp_path):
