@@ -90,20 +90,14 @@ def _named_run(args: argparse.Namespace):
 
 
 def _run(args: argparse.Namespace) -> int:
-    from fedapps.launcher import run_experiment
+    from fedapps.launcher import gpus_per_client, run_experiment
 
     cfg, out, n = _named_run(args)
-    gpus = 0.0
-    if cfg.device != "cpu":
-        import torch
-
-        if torch.cuda.is_available():
-            gpus = 0.25  # four clients train at a time on one GPU
     print(f"fedapps: {cfg.experiment} ({cfg.algorithm} on {cfg.dataset}, {n} clients, "
           f"{cfg.rounds} rounds) -> {out}", flush=True)
     status = run_experiment(cfg.experiment, args.overrides + [f"output.run-name={out.name}",
                                                                f"output.output-dir={out.parent}"],
-                            n, out, gpus_per_client=gpus,
+                            n, out, gpus_per_client=gpus_per_client(str(cfg.device)),
                             show=(lambda line: True) if args.verbose else _show)
     return _report(status, out)
 

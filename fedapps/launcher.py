@@ -198,16 +198,23 @@ def submit(
     show: Callable[[str], bool] = default_filter,
     app_dir: Path = APP_DIR,
     deployment: bool = False,
+    total_cpus: int | None = None,
+    prefix: str = "",
 ) -> tuple[str | None, str]:
     """Submit the app, stream its log until it ends; returns (run id, final status).
-    In a deployment the SuperNodes are real processes: no simulation settings are sent."""
+
+    In a deployment the SuperNodes are real processes: no simulation settings are sent.
+    `total_cpus` caps the CPUs the simulation's Ray backend may use (default: all of them), so
+    several simulations can share a machine; `prefix` tags the lines shown (concurrent runs).
+    """
     config_file = link.home / "run-config.toml"
     config_file.write_text("".join(f"{k} = {toml_string(v)}\n" for k, v in run_config.items()))
     cmd = ["flwr", "run", str(app_dir), CONNECTION, "--stream", "--run-config", str(config_file)]
     if not deployment:
         cmd += ["--federation-config",
                 f"num-supernodes={num_supernodes} client-resources-num-cpus={cpus_per_client:g}"
-                f" client-resources-num-gpus={gpus_per_client:g}"]
+                f" client-resources-num-gpus={gpus_per_client:g}"
+                + (f" init-args-num-cpus={total_cpus}" if total_cpus else "")]
     run_id = None
     tail: list[str] = []
     proc = subprocess.Popen(cmd, env=link.env(), stdout=subprocess.PIPE,
@@ -218,13 +225,22 @@ def submit(
             run_id = line.strip().split()[-1]
         tail = [*tail[-20:], line]
         if show(line):
-            sys.stdout.write(line)
+            sys.stdout.write(prefix + line)
             sys.stdout.flush()
     proc.wait()
     if run_id is None:
         sys.stderr.write("".join(tail))
         return None, f"not started (flwr run exited {proc.returncode})"
     return run_id, link.run_status(run_id)
+
+
+def gpus_per_client(device: str) -> float:
+    """Ray's GPU share per simulated client: four clients train at a time on one GPU."""
+    if device == "cpu":
+        return 0.0
+    import torch
+
+    return 0.25 if torch.cuda.is_available() else 0.0
 
 
 def run_experiment(
@@ -235,6 +251,8 @@ def run_experiment(
     gpus_per_client: float = 0.0,
     show: Callable[[str], bool] = default_filter,
     keep_workdir: bool = False,
+    total_cpus: int | None = None,
+    prefix: str = "",
 ) -> str:
     """Run one experiment in a fresh SuperLink; returns the SuperLink's final status."""
     run_config = {"experiment": experiment, "overrides": shlex.join(overrides),
@@ -243,7 +261,7 @@ def run_experiment(
     workdir = Path(tempfile.mkdtemp(prefix="fedapps-"))
     with LocalSuperLink(workdir) as link:
         _, status = submit(link, run_config, num_supernodes, gpus_per_client=gpus_per_client,
-                           show=show)
+                           show=show, total_cpus=total_cpus, prefix=prefix)
     if status != "finished:completed":
         print(f"fedapps: run status {status}; SuperLink log: {link.log_path}", file=sys.stderr)
     elif not keep_workdir:

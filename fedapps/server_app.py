@@ -14,7 +14,13 @@ from fedapps.config import ConfigError, clients_per_round, data_root, to_contain
 from fedapps.data import check_available, federated_data
 from fedapps.registry import ALGORITHMS
 from fedapps.results import ResultsWriter
-from fedapps.runtime import algo_params, config_from_run, run_dir, seed_everything
+from fedapps.runtime import (
+    algo_params,
+    config_from_run,
+    run_dir,
+    seed_everything,
+    select_device,
+)
 
 
 def default_run_name(cfg) -> str:
@@ -28,20 +34,22 @@ def official_test_eval(cfg, data):
 
     from clients.arrays import set_arrays
 
-    x, y = data.official_test()
-    model = ALGORITHMS[cfg.algorithm].model(cfg)
+    device = select_device(cfg)  # the server's model is the largest: use the GPU when there
+    x, y = (t.to(device) for t in data.official_test())
+    model = ALGORITHMS[cfg.algorithm].model(cfg).to(device)
 
     def evaluate(arrays: list) -> dict[str, float]:
         set_arrays(model, arrays)
         model.eval()
-        correct, loss = 0, 0.0
+        correct = torch.zeros((), dtype=torch.long, device=device)
+        loss = torch.zeros((), dtype=torch.float64, device=device)
         with torch.no_grad():
             for start in range(0, len(y), 1024):
                 logits = model(x[start:start + 1024])
-                loss += float(F.cross_entropy(logits, y[start:start + 1024], reduction="sum"))
-                correct += int((logits.argmax(1) == y[start:start + 1024]).sum())
-        return {"official_test_accuracy": correct / max(len(y), 1),
-                "official_test_loss": loss / max(len(y), 1)}
+                loss += F.cross_entropy(logits, y[start:start + 1024], reduction="sum").double()
+                correct += (logits.argmax(1) == y[start:start + 1024]).sum()
+        return {"official_test_accuracy": int(correct) / max(len(y), 1),
+                "official_test_loss": float(loss) / max(len(y), 1)}
 
     return evaluate
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -10,15 +11,24 @@ from fedapps import cli as app_cli
 
 
 def _reproduce(args: argparse.Namespace) -> int:
-    from fedapps.launcher import run_experiment
+    from fedapps.config import load_config
+    from fedapps.launcher import descendants, gpus_per_client, run_experiment, terminate
     from simulations.reproduce import reproduce
 
+    jobs = max(1, args.jobs)
+    # concurrent runs split the CPUs (each SuperLink's Ray would otherwise claim all of them)
+    cpus = max(1, (os.cpu_count() or 1) // jobs) if jobs > 1 else None
+
     def runner(experiment: str, sets: list[str], n_clients: int, run_dir: Path) -> str:
-        return run_experiment(experiment, sets, n_clients, run_dir)
+        device = str(load_config(experiment, sets).device)
+        return run_experiment(experiment, sets, n_clients, run_dir,
+                              gpus_per_client=gpus_per_client(device), total_cpus=cpus,
+                              prefix=f"[{run_dir.name}] " if jobs > 1 else "")
 
     out = reproduce(args.grid, args.seeds, args.overrides, Path(args.output_dir).resolve(),
                     runner, table_only=args.table_only,
-                    only=[c for c in args.cells.split(",") if c] if args.cells else ())
+                    only=[c for c in args.cells.split(",") if c] if args.cells else (),
+                    jobs=args.jobs, on_interrupt=lambda: terminate(descendants(os.getpid())))
     print(f"fedapps: table and plots in {out}")
     return 0
 
@@ -33,6 +43,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="run only these cells (the table still shows every finished run)")
     r.add_argument("--table-only", action="store_true",
                    help="only tabulate and plot the finished runs on disk; start none")
+    r.add_argument("--jobs", type=int, default=1, metavar="N",
+                   help="runs at a time, each its own SuperLink, sharing the CPUs (and the GPU); "
+                        "default 1")
     r.add_argument("--output-dir", default="outputs", help="runs go to <output-dir>/<grid>/")
     return app_cli.main(argv, parser, {"reproduce": _reproduce})
 

@@ -12,7 +12,9 @@ from __future__ import annotations
 import glob
 import itertools
 import json
+import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -95,12 +97,17 @@ Runner = Callable[[str, list[str], int, Path], str]
 
 
 def run_grid(grid: Grid, overrides: Sequence[str], out_root: Path, runner: Runner,
-             log: Callable[[str], None] = print, only: Sequence[str] = ()
+             log: Callable[[str], None] = print, only: Sequence[str] = (), jobs: int = 1,
+             on_interrupt: Callable[[], None] = lambda: None,
              ) -> list[tuple[dict[str, Any], int, Path]]:
     """Run every (cell, seed) not yet complete; returns all (cell, seed, run dir).
 
     `only` restricts the runs to the cells with these labels (e.g. to redo one method).
+    `jobs` > 1 runs that many at a time (each its own SuperLink); `on_interrupt` then stops the
+    runs still going when Ctrl-C/SIGTERM reaches this thread.
     """
+    if jobs < 1:
+        raise ConfigError(f"--jobs {jobs}: must be at least 1")
     labels = [cell_label(c) for c in grid.cells()]
     unknown = sorted(set(only) - set(labels))
     if unknown:
@@ -117,18 +124,47 @@ def run_grid(grid: Grid, overrides: Sequence[str], out_root: Path, runner: Runne
             cfg = load_config(grid.experiment, sets)
             validate(cfg)  # every cell is checked before the first run starts
             plan.append((cell, seed, sets, int(cfg.federation["num-clients"])))
-    done = []
+    done, pending = [], []
     for i, (cell, seed, sets, n_clients) in enumerate(plan, 1):
         target = run_dir_for(out_root, grid, cell, seed)
+        tag = f"[{i}/{len(plan)}] {cell_label(cell)} seed {seed}"
         if is_complete(target):
-            log(f"[{i}/{len(plan)}] {cell_label(cell)} seed {seed}: done earlier, kept")
+            log(f"{tag}: done earlier, kept")
         else:
-            log(f"[{i}/{len(plan)}] {cell_label(cell)} seed {seed} -> {target}")
             sets = [*sets, f"output.output-dir={target.parent}", f"output.run-name={target.name}"]
-            status = runner(grid.experiment, sets, n_clients, target)
-            if status != "finished:completed":
-                log(f"[{i}/{len(plan)}] failed ({status}); the grid goes on")
+            pending.append((tag, sets, n_clients, target))
         done.append((cell, seed, target))
+
+    stopping = threading.Event()
+
+    def execute(tag: str, sets: list[str], n_clients: int, target: Path) -> None:
+        if stopping.is_set():
+            return
+        log(f"{tag} -> {target}")
+        status = runner(grid.experiment, sets, n_clients, target)
+        if stopping.is_set():
+            log(f"{tag}: stopped; it reruns when the grid is resumed")
+        elif status != "finished:completed":
+            log(f"{tag}: failed ({status}); the grid goes on")
+        elif jobs > 1:
+            log(f"{tag}: finished")
+
+    if jobs == 1:
+        for job in pending:
+            execute(*job)
+        return done
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        futures = []
+        try:
+            for job in pending:
+                futures.append(pool.submit(execute, *job))
+            for future in futures:
+                future.result()
+        except BaseException:
+            stopping.set()
+            on_interrupt()
+            pool.shutdown(wait=True, cancel_futures=True)  # the stopped runs report first
+            raise
     return done
 
 
@@ -154,14 +190,15 @@ def collect(grid: Grid, out_root: Path) -> dict[str, list[dict[str, Any]]]:
 
 
 def table(by_cell: dict[str, list[dict[str, Any]]], grid: Grid) -> str:
-    """Markdown: mean +- sample std of best/final G and P (%) per cell, beside the paper's G and P.
+    """Markdown: mean +- sample std of best/final G and P (%) per cell, beside the paper's G and P,
+    and the mean wall-clock minutes per run (what a grid costs on the machine that ran it).
 
     A cell with a single seed shows its value without a spread.
     """
     metrics = METRICS + (OFFICIAL if any("best_official_test_accuracy" in d["summary"]
                                          for docs in by_cell.values() for d in docs) else ())
-    lines = [f"| cell | seeds | {' | '.join(name for _, name, _ in metrics)} | paper G | paper P |",
-             "|" + " --- |" * (len(metrics) + 4)]
+    lines = [f"| cell | seeds | {' | '.join(name for _, name, _ in metrics)} | paper G | paper P |"
+             " min/run |", "|" + " --- |" * (len(metrics) + 5)]
     for label, docs in by_cell.items():
         cells = []
         for key, _, scale in metrics:
@@ -176,8 +213,10 @@ def table(by_cell: dict[str, list[dict[str, Any]]], grid: Grid) -> str:
                 cells.append("-")
         ref = grid.reference.get(label) or {}
         paper = [ref.get(k) if ref.get(k) is not None else "-" for k in ("G", "P")]
+        walls = [d["summary"]["wall_seconds"] for d in docs if "wall_seconds" in d["summary"]]
+        minutes = f"{np.mean(walls) / 60:.1f}" if walls else "-"
         lines.append(f"| {label} | {len(docs)} | {' | '.join(cells)} | {paper[0]} | "
-                     f"{paper[1]} |")
+                     f"{paper[1]} | {minutes} |")
     if grid.source:
         lines.append(f"\nPaper: {grid.source}.")
     return "\n".join(lines) + "\n"
@@ -198,7 +237,8 @@ def plot_all(by_cell: dict[str, list[dict[str, Any]]], out: Path, title: str) ->
 
 def reproduce(name: str, seeds: int | None, overrides: Sequence[str], out_root: Path,
               runner: Runner, log: Callable[[str], None] = print,
-              table_only: bool = False, only: Sequence[str] = ()) -> Path:
+              table_only: bool = False, only: Sequence[str] = (), jobs: int = 1,
+              on_interrupt: Callable[[], None] = lambda: None) -> Path:
     """Run (or resume) a grid, then write table.md and plots under <out_root>/<grid>/.
 
     `table_only` tabulates the finished runs already on disk without starting any.
@@ -207,7 +247,7 @@ def reproduce(name: str, seeds: int | None, overrides: Sequence[str], out_root: 
     if seeds is not None:
         grid.seeds = list(range(seeds))
     if not table_only:
-        run_grid(grid, overrides, out_root, runner, log, only)
+        run_grid(grid, overrides, out_root, runner, log, only, jobs, on_interrupt)
     by_cell = collect(grid, out_root)
     out = out_root / grid.name
     out.mkdir(parents=True, exist_ok=True)

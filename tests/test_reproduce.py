@@ -1,6 +1,12 @@
 """Grid runner: resume without redoing runs, exact table arithmetic, plots."""
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
 
 import pytest
 
@@ -72,6 +78,15 @@ def test_table_mean_and_sample_std(tmp_path):
            " 98.07 |")
     assert row in md
     assert "Paper: a paper." in md
+    assert md.splitlines()[0].endswith("| paper G | paper P | min/run |")
+    assert row + " - |" in md  # the fake runs record no wall time
+
+
+def test_table_reports_mean_minutes_per_run(tmp_path):
+    docs = [fake_doc(0.5, 0.5) for _ in range(2)]
+    docs[0]["summary"]["wall_seconds"], docs[1]["summary"]["wall_seconds"] = 300.0, 420.0
+    md = table({"fedavg": docs}, Grid("w", "quickstart", [0, 1], {"algorithm": ["fedavg"]}))
+    assert md.splitlines()[2].endswith("| - | - | 6.0 |")  # (5 + 7) / 2 minutes
 
 
 def test_table_counts_every_finished_seed_on_disk(tmp_path):
@@ -182,3 +197,83 @@ def test_cells_with_brackets_in_their_values_are_collected(tmp_path):
         run.mkdir(parents=True)
         (run / "results.json").write_text(json.dumps(fake_doc(0.5, 0.5)))
     assert list(collect(grid, tmp_path)) == ["algo.hidden=[2,4,8]", "algo.hidden=[32,64,128]"]
+
+
+class SlowRunner(FakeRunner):
+    """A FakeRunner whose runs take a while; records how many ran at the same time. The run
+    named `ctrl_c_in` sends this process SIGINT, as Ctrl-C would."""
+
+    def __init__(self, values, ctrl_c_in=None):
+        super().__init__(values)
+        self.running = self.peak = 0
+        self.lock, self.ctrl_c_in = threading.Lock(), ctrl_c_in
+
+    def __call__(self, experiment, sets, n_clients, run_dir):
+        with self.lock:
+            self.running += 1
+            self.peak = max(self.peak, self.running)
+        try:
+            if run_dir.name == self.ctrl_c_in:
+                time.sleep(0.1)  # Ctrl-C while the runs are going, not while one is started
+                os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.3)
+            return super().__call__(experiment, sets, n_clients, run_dir)
+        finally:
+            with self.lock:
+                self.running -= 1
+
+
+def test_jobs_run_concurrently_and_give_the_same_table(tmp_path):
+    runner = SlowRunner(VALUES)
+    lines = []
+    run_grid(GRID, [], tmp_path / "par", runner, log=lines.append, jobs=2)
+    assert runner.peak == 2 and len(runner.calls) == 4
+    assert sum(line.endswith(": finished") for line in lines) == 4
+    run_grid(GRID, [], tmp_path / "seq", FakeRunner(VALUES), log=lambda s: None)
+    assert table(collect(GRID, tmp_path / "par"), GRID) == \
+        table(collect(GRID, tmp_path / "seq"), GRID)
+    # resumes like the sequential runner: nothing left to run
+    again = SlowRunner(VALUES)
+    run_grid(GRID, [], tmp_path / "par", again, log=lambda s: None, jobs=2)
+    assert again.calls == []
+
+
+def test_interrupted_parallel_grid_stops_the_running_runs(tmp_path):
+    from fedapps.config import ConfigError
+
+    stopped, lines = [], []
+    with pytest.raises(KeyboardInterrupt):
+        run_grid(GRID, [], tmp_path, SlowRunner(VALUES, ctrl_c_in="fedavg-s1"),
+                 log=lines.append, jobs=2, on_interrupt=lambda: stopped.append(True))
+    assert stopped == [True]
+    # the run beside the interrupted one is reported as stopped, not as a failure; the runs
+    # not yet started never start
+    assert sorted(line for line in lines if "stopped" in line) == [
+        f"[{i}/4] fedavg seed {i - 1}: stopped; it reruns when the grid is resumed"
+        for i in (1, 2)]
+    assert not any("fedreb" in line for line in lines)
+    with pytest.raises(ConfigError, match="--jobs 0: must be at least 1"):
+        run_grid(GRID, [], tmp_path, FakeRunner(VALUES), jobs=0)
+
+
+@pytest.mark.integration
+def test_two_real_simulations_at_once_match_a_run_alone(tmp_path):
+    """`fedapps reproduce --jobs 2`: two SuperLinks side by side, each on its share of the CPUs,
+    tag their lines and give the numbers the same cell gives when run alone."""
+    def reproduce_cli(out, *extra):
+        cmd = [sys.executable, "-m", "simulations.cli", "reproduce", "quick", "--seeds", "1",
+               "--set", "rounds=2", "--output-dir", str(out), *extra]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        return proc.stdout
+
+    out = reproduce_cli(tmp_path / "par", "--jobs", "2")
+    assert "[fedavg-s0] " in out and "[fedreb-s0] " in out
+    reproduce_cli(tmp_path / "seq", "--cells", "fedavg")
+
+    def per_round(root):
+        doc = json.loads((root / "quick" / "fedavg-s0" / "results.json").read_text())
+        return [(r["global_accuracy"], r["personal_accuracy"]) for r in doc["rounds"]]
+
+    assert per_round(tmp_path / "par") == per_round(tmp_path / "seq")
+    assert (tmp_path / "par" / "quick" / "fedreb-s0" / "results.json").is_file()
