@@ -15,7 +15,7 @@ def _reproduce(args: argparse.Namespace) -> int:
     from fedapps.launcher import descendants, gpus_per_client, run_experiment, terminate
     from simulations.reproduce import reproduce
 
-    jobs = max(1, args.jobs)
+    jobs = args.jobs
     # concurrent runs split the CPUs (each SuperLink's Ray would otherwise claim all of them)
     cpus = max(1, (os.cpu_count() or 1) // jobs) if jobs > 1 else None
 
@@ -28,9 +28,15 @@ def _reproduce(args: argparse.Namespace) -> int:
     out = reproduce(args.grid, args.seeds, args.overrides, Path(args.output_dir).resolve(),
                     runner, table_only=args.table_only,
                     only=[c for c in args.cells.split(",") if c] if args.cells else (),
-                    jobs=args.jobs, on_interrupt=lambda: terminate(descendants(os.getpid())))
+                    jobs=jobs, on_interrupt=lambda: terminate(descendants(os.getpid())))
     print(f"fedapps: table and plots in {out}")
     return 0
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: a whole number of runs, at least 1")
+    return int(text)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="run only these cells (the table still shows every finished run)")
     r.add_argument("--table-only", action="store_true",
                    help="only tabulate and plot the finished runs on disk; start none")
-    r.add_argument("--jobs", type=int, default=1, metavar="N",
+    r.add_argument("--jobs", type=_positive, default=1, metavar="N",
                    help="runs at a time, each its own SuperLink, sharing the CPUs (and the GPU); "
                         "default 1")
     r.add_argument("--output-dir", default="outputs", help="runs go to <output-dir>/<grid>/")

@@ -277,3 +277,12 @@ def test_two_real_simulations_at_once_match_a_run_alone(tmp_path):
 
     assert per_round(tmp_path / "par") == per_round(tmp_path / "seq")
     assert (tmp_path / "par" / "quick" / "fedreb-s0" / "results.json").is_file()
+
+
+def test_cli_refuses_a_bad_jobs_count_in_one_line(capsys):
+    from simulations.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["reproduce", "quick", "--jobs", "0"])
+    assert exit_info.value.code == 2
+    assert "argument --jobs: '0': a whole number of runs, at least 1" in capsys.readouterr().err
