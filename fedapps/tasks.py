@@ -1,0 +1,181 @@
+"""Learning tasks: what a dataset's model is trained on and how G and P are scored.
+
+A task owns three things that must agree with each other: the training loss, the sums a client
+reports after evaluating its two predictors (the global model -> G, its personalized model -> P)
+on its local test split, and the server's reduction of those sums. Clients report sums, never
+per-client scores, so the server's G and P are exact pooled values over all test samples:
+micro-averaged accuracy for classification, R^2 over the pooled targets for regression.
+
+Only torch and numpy are imported here, so clients, strategies and the server can all use it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch.nn import functional as F
+
+Sums = dict[str, int | float]
+
+
+def client_percentiles(values: Sequence[float], prefix: str) -> dict[str, float]:
+    """p10/p50/p90/std of per-client scores: how unevenly the federation is served."""
+    if not values:
+        return {}
+    arr = np.asarray(values)
+    p10, p50, p90 = np.percentile(arr, [10, 50, 90])
+    return {f"{prefix}_p10": float(p10), f"{prefix}_p50": float(p50),
+            f"{prefix}_p90": float(p90), f"{prefix}_std": float(arr.std())}
+
+
+class Task:
+    """A learning task; subclasses fill in the loss, the sums and their reduction."""
+
+    name: str = ""
+    metric: str = ""  # G is reported as global_<metric>, P as personal_<metric>
+    higher_is_better: bool = True
+    sum_names: tuple[str, ...] = ()  # the metric keys a client reports, in batch_sums order
+    sum_dtype: torch.dtype = torch.float64  # integer counts stay exact in torch.long
+
+    def loss(self, output: torch.Tensor, target: torch.Tensor,
+             reduction: str = "mean") -> torch.Tensor:
+        """Training (mean) or evaluation (sum) loss of one batch."""
+        raise NotImplementedError
+
+    def batch_sums(self, out_global: torch.Tensor, out_personal: torch.Tensor,
+                   target: torch.Tensor) -> torch.Tensor:
+        """One batch's sums, a vector of len(sum_names) on the outputs' device: adding these
+        over batches on the device needs no host sync until the end."""
+        raise NotImplementedError
+
+    def to_metrics(self, values: Sequence[float]) -> Sums:
+        """Host values of the summed vector as the client's metric dict (counts as int)."""
+        if len(values) != len(self.sum_names):
+            raise ValueError(f"{self.name}: {len(values)} sums, expected {len(self.sum_names)}")
+        cast = int if not self.sum_dtype.is_floating_point else float
+        return {k: cast(v) for k, v in zip(self.sum_names, values, strict=True)}
+
+    def read(self, sums: dict[str, Any]) -> Sums:
+        """This task's sums out of a client's metrics (other keys are ignored)."""
+        missing = [k for k in self.sum_names if k not in sums]
+        if missing:
+            raise ValueError(f"{self.name} evaluation: client metrics lack {missing}")
+        cast = int if not self.sum_dtype.is_floating_point else float
+        return {k: cast(sums[k]) for k in self.sum_names}
+
+    def scores(self, n: int, sums: Sums) -> tuple[float | None, float | None]:
+        """(G, P) from one set of sums; None where the score is undefined (no samples)."""
+        raise NotImplementedError
+
+    def reduce(self, per_client: Sequence[tuple[int, dict[str, Any]]]) -> dict[str, Any]:
+        """G and P pooled over all clients (sums added first, then scored once), each client's
+        own G and P (input order; None where undefined) and their percentiles."""
+        total: dict[str, int | float] = dict.fromkeys(self.sum_names, 0)
+        n_total = 0
+        per_g: list[float | None] = []
+        per_p: list[float | None] = []
+        for n, raw in per_client:
+            sums = self.read(raw)
+            n_total += n
+            for k in self.sum_names:
+                total[k] += sums[k]
+            g, p = self.scores(n, sums)
+            per_g.append(g)
+            per_p.append(p)
+        g, p = self.scores(n_total, total)
+        return {
+            f"global_{self.metric}": g,
+            f"personal_{self.metric}": p,
+            **client_percentiles([v for v in per_g if v is not None], "global_client"),
+            **client_percentiles([v for v in per_p if v is not None], "personal_client"),
+            f"client_global_{self.metric}": per_g,
+            f"client_personal_{self.metric}": per_p,
+        }
+
+
+class Classification(Task):
+    """Cross-entropy on logits [B, C]; G and P are accuracies, reported as correct counts."""
+
+    name = "classification"
+    metric = "accuracy"
+    higher_is_better = True
+    sum_names = ("correct-global", "correct-personal")  # the keys results and tests know
+    sum_dtype = torch.long
+
+    def loss(self, output: torch.Tensor, target: torch.Tensor,
+             reduction: str = "mean") -> torch.Tensor:
+        return F.cross_entropy(output, target, reduction=reduction)
+
+    def batch_sums(self, out_global: torch.Tensor, out_personal: torch.Tensor,
+                   target: torch.Tensor) -> torch.Tensor:
+        return torch.stack([(out_global.argmax(1) == target).sum(),
+                            (out_personal.argmax(1) == target).sum()])
+
+    def scores(self, n: int, sums: Sums) -> tuple[float | None, float | None]:
+        if not n:
+            return None, None
+        return int(sums["correct-global"]) / n, int(sums["correct-personal"]) / n
+
+
+def _as_vector(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """A regression output [B] or [B, 1] as [B]; anything else would broadcast silently."""
+    if output.dim() == 2 and output.shape[1] == 1:
+        output = output[:, 0]
+    if output.shape != target.shape or target.dim() != 1:
+        raise ValueError(f"regression: output {list(output.shape)} and target "
+                         f"{list(target.shape)} must be [B] (or output [B, 1]) and [B]")
+    return output
+
+
+class Regression(Task):
+    """MSE on (standardized) scalar targets; G and P are R^2 over the pooled test targets.
+
+    Clients report n (num_examples), sum y, sum y^2 and both models' SSE in float64, so
+    R^2 = 1 - SSE / (sum y^2 - (sum y)^2 / n) is exact over any union of clients. R^2 is
+    unchanged by an affine map applied to targets and predictions alike, so standardizing
+    targets does not change it.
+    """
+
+    name = "regression"
+    metric = "r2"
+    higher_is_better = True
+    sum_names = ("sum-y", "sum-y2", "sse-global", "sse-personal")
+    sum_dtype = torch.float64
+    # a client's total sum of squares at or below this fraction of sum y^2 is rounding error:
+    # its targets are constant and R^2 is undefined
+    CONSTANT_TOL = 1e-12
+
+    def loss(self, output: torch.Tensor, target: torch.Tensor,
+             reduction: str = "mean") -> torch.Tensor:
+        out = _as_vector(output, target)
+        return F.mse_loss(out, target.to(out.dtype), reduction=reduction)
+
+    def batch_sums(self, out_global: torch.Tensor, out_personal: torch.Tensor,
+                   target: torch.Tensor) -> torch.Tensor:
+        y = target.double()
+        g = _as_vector(out_global, target).double()
+        p = _as_vector(out_personal, target).double()
+        return torch.stack([y.sum(), (y * y).sum(), ((g - y) ** 2).sum(), ((p - y) ** 2).sum()])
+
+    def scores(self, n: int, sums: Sums) -> tuple[float | None, float | None]:
+        if not n:
+            return None, None
+        sum_y2 = float(sums["sum-y2"])
+        sst = sum_y2 - float(sums["sum-y"]) ** 2 / n
+        if sst <= self.CONSTANT_TOL * sum_y2:
+            return None, None
+        return 1.0 - float(sums["sse-global"]) / sst, 1.0 - float(sums["sse-personal"]) / sst
+
+
+TASKS: dict[str, Task] = {"classification": Classification(), "regression": Regression()}
+
+
+def get_task(name: str) -> Task:
+    """The registered task called `name` (a dataset names its task)."""
+    try:
+        return TASKS[name]
+    except KeyError:
+        raise ValueError(f"unknown task {name!r}; one of {sorted(TASKS)}") from None
