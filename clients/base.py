@@ -20,9 +20,11 @@ from flwr.app import ArrayRecord, ConfigRecord
 from flwr.client import NumPyClient
 from flwr.common import Context, RecordDict
 from torch import nn
-from torch.nn import functional as F
 
 from clients.arrays import get_arrays, set_arrays
+from fedapps.evaluation import evaluate_sums
+from fedapps.tasks import TASKS, Task
+from strategies.plan import CROSS_EVALUATE, TRAIN
 
 
 class LocalData(Protocol):
@@ -47,11 +49,6 @@ class TrainSettings:
         return self.lr * self.lr_decay ** sum(server_round > m for m in self.lr_milestones)
 
 
-# Measured fastest on CPU (half the time of 512 for the ConvNet); bounds memory. The same on
-# every device: models with static BatchNorm (HeteroFL, FedRolex) normalise with the batch's own
-# statistics at evaluation, so the batch size is part of what the accuracy means.
-EVAL_BATCH = 64
-
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
@@ -70,6 +67,7 @@ class BaseClient(NumPyClient):
         algo: dict[str, Any] | None = None,
         device: str = "cpu",
         state_dir: Path | None = None,
+        task: Task | None = None,
     ) -> None:
         self.device = torch.device(device)
         self.model = model.to(self.device)
@@ -78,7 +76,8 @@ class BaseClient(NumPyClient):
         self.partition_id = partition_id
         self.state: RecordDict = context.state if context is not None else RecordDict()
         self.state_dir = state_dir  # where save_state also writes, so a restarted node resumes
-        self.algo = algo or {}
+        self.algo = algo if algo is not None else {}
+        self.task = task or TASKS["classification"]  # the dataset's: loss and reported sums
         self.generator = torch.Generator()
         self.server_round = 0
 
@@ -91,6 +90,12 @@ class BaseClient(NumPyClient):
         return self.upload()
 
     def fit(self, parameters: list[np.ndarray], config: dict[str, Any]):
+        """Dispatch on the instruction's task: train (default) or cross-evaluate."""
+        task = str(config.get("task", TRAIN))
+        if task == CROSS_EVALUATE:
+            return self.cross_evaluate(parameters, config)
+        if task != TRAIN:
+            raise ValueError(f"unknown task {task!r} in a fit instruction")
         self.seed_generator(config, stream=0)
         self.load_global(parameters)
         self.model.train()
@@ -103,25 +108,35 @@ class BaseClient(NumPyClient):
         self.seed_generator(config, stream=1)
         self.load_global(parameters)
         self.model.eval()
-        x, y = self.data.x_test.to(self.device), self.data.y_test.to(self.device)
-        batch = EVAL_BATCH
-        # sums stay on the device until the end: one host sync per evaluation, not per batch
-        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
-        correct = torch.zeros(2, dtype=torch.long, device=self.device)
-        with torch.no_grad():
-            for start in range(0, len(y), batch):
-                xb, yb = x[start:start + batch], y[start:start + batch]
-                logits_g, logits_p = self.predict(xb)
-                loss_sum += F.cross_entropy(logits_g, yb, reduction="sum").double()
-                correct += torch.stack([(logits_g.argmax(1) == yb).sum(),
-                                        (logits_p.argmax(1) == yb).sum()])
-        correct_g, correct_p = (int(c) for c in correct.tolist())
-        return float(loss_sum) / max(len(y), 1), len(y), {
+        n, loss_sum, sums = evaluate_sums(self.predict, self.data.x_test, self.data.y_test,
+                                          self.task, device=self.device)
+        return loss_sum / max(n, 1), n, {
             "partition-id": self.partition_id,
             "state-from-disk": int(self.restored_from_disk),
-            "correct-global": correct_g,
-            "correct-personal": correct_p,
+            **sums,
         }
+
+    def cross_evaluate(self, parameters: list[np.ndarray], config: dict[str, Any]):
+        """Score several models sent together (arrays concatenated, `num-models` of them) on
+        the local `split` (train by default, as Fed-Star scores its peers): one
+        `score-<i>` per model, the task's metric of that model alone. Nothing is trained."""
+        num_models = int(config.get("num-models", 1))
+        if num_models < 1 or len(parameters) % num_models:
+            raise ValueError(f"cross-evaluate: {len(parameters)} arrays do not split into "
+                             f"{num_models} models")
+        split = str(config.get("split", "train"))
+        x, y = ((self.data.x_train, self.data.y_train) if split == "train"
+                else (self.data.x_test, self.data.y_test))
+        self.seed_generator(config, stream=2)
+        size = len(parameters) // num_models
+        scores: dict[str, Any] = {}
+        n = len(y)
+        for i in range(num_models):
+            self.load_global(parameters[i * size:(i + 1) * size])
+            self.model.eval()
+            n, _, sums = evaluate_sums(self.predict, x, y, self.task, device=self.device)
+            scores[f"score-{i}"] = self.task.scores(n, self.task.read(sums))[0]
+        return [], n, {"partition-id": self.partition_id, **scores}
 
     def sgd(self, params: Any) -> torch.optim.Optimizer:
         """SGD with this round's learning rate (params: a list or parameter groups)."""
@@ -133,8 +148,9 @@ class BaseClient(NumPyClient):
         """Shuffling and any evaluation-time training depend only on (seed, round, client)."""
         server_round = int(config.get("server-round", 0))
         self.server_round = server_round
+        step = int(config.get("step", 0))  # steps after the first of a multi-step round
         self.generator.manual_seed(self.settings.seed * 1_000_003 + server_round * 1009
-                                   + self.partition_id + 500_009 * stream)
+                                   + self.partition_id + 500_009 * stream + 7_919_011 * step)
 
     # ---- hooks ------------------------------------------------------------------------------
     def load_global(self, parameters: list[np.ndarray]) -> None:
@@ -143,7 +159,7 @@ class BaseClient(NumPyClient):
 
     def local_train(self, config: dict[str, Any]) -> dict[str, Any] | None:
         """Local objective (default: cross-entropy over all parameters)."""
-        loss = self.sgd_epochs(self.model.parameters(), self.ce_loss(self.model),
+        loss = self.sgd_epochs(self.model.parameters(), self.task_loss(self.model),
                                self.settings.local_epochs)
         return {"train-loss": loss}
 
@@ -161,8 +177,9 @@ class BaseClient(NumPyClient):
         return logits, logits
 
     # ---- building blocks for subclasses -----------------------------------------------------
-    def ce_loss(self, module: Callable[[torch.Tensor], torch.Tensor]) -> LossFn:
-        return lambda x, y: F.cross_entropy(module(x), y)
+    def task_loss(self, module: Callable[[torch.Tensor], torch.Tensor]) -> LossFn:
+        """The dataset task's training loss of a module (cross-entropy, or MSE)."""
+        return lambda x, y: self.task.loss(module(x), y)
 
     def sgd_epochs(
         self,

@@ -11,7 +11,6 @@ import copy
 from typing import Any
 
 import torch
-from torch.nn import functional as F
 
 from clients.arrays import get_arrays, set_arrays
 from clients.base import BaseClient
@@ -31,7 +30,7 @@ class DittoClient(BaseClient):
         lam = float(self.algo.get("lambda", 0.1))
 
         def loss(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-            return F.cross_entropy(self.personal(x), y) + lam / 2 * self.proximal(
+            return self.task.loss(self.personal(x), y) + lam / 2 * self.proximal(
                 self.personal, w_global)
 
         self.personal.train()
@@ -42,7 +41,7 @@ class DittoClient(BaseClient):
     def local_train(self, config: dict[str, Any]) -> dict[str, Any]:
         personal_loss = self.train_personal(self.snapshot(self.model),
                                             int(self.algo.get("personal-epochs", 5)))
-        loss = self.sgd_epochs(self.model.parameters(), self.ce_loss(self.model),
+        loss = self.sgd_epochs(self.model.parameters(), self.task_loss(self.model),
                                self.settings.local_epochs)
         return {"train-loss": loss, "personal-loss": personal_loss}
 

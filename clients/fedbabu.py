@@ -15,7 +15,7 @@ from clients.base import BaseClient
 class FedBabuClient(BaseClient):
     _tuned: torch.nn.Module | None = None  # fine-tuned head of the current evaluation
     def local_train(self, config: dict[str, Any]) -> dict[str, Any]:
-        loss = self.sgd_epochs(self.model.base.parameters(), self.ce_loss(self.model),
+        loss = self.sgd_epochs(self.model.base.parameters(), self.task_loss(self.model),
                                self.settings.local_epochs)
         return {"train-loss": loss}
 
@@ -26,7 +26,7 @@ class FedBabuClient(BaseClient):
             z = self.model.base(self.data.x_train.to(self.device))
         with torch.enable_grad():
             head.train()
-            self.sgd_epochs(head.parameters(), self.ce_loss(head),
+            self.sgd_epochs(head.parameters(), self.task_loss(head),
                             int(self.algo.get("finetune-epochs", 10)), x=z,
                             y=self.data.y_train)
         head.eval()

@@ -11,7 +11,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.nn import functional as F
 
 from clients.base import BaseClient
 
@@ -29,7 +28,7 @@ class FedDynClient(BaseClient):
         def loss(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
             linear = sum(torch.sum(p * g) for p, g in zip(self.model.parameters(), grads,
                                                           strict=True))
-            return (F.cross_entropy(self.model(x), y) - linear
+            return (self.task.loss(self.model(x), y) - linear
                     + alpha / 2 * self.proximal(self.model, w_global))
 
         mean_loss = self.sgd_epochs(self.model.parameters(), loss, self.settings.local_epochs)

@@ -16,7 +16,7 @@ from clients.personal import PersonalHeadClient
 class FedPerClient(PersonalHeadClient):
     def local_train(self, config: dict[str, Any]) -> dict[str, Any]:
         self.use_personal_head()
-        loss = self.sgd_epochs(self.model.parameters(), self.ce_loss(self.model),
+        loss = self.sgd_epochs(self.model.parameters(), self.task_loss(self.model),
                                self.settings.local_epochs)
         self.keep_trained_head()
         return {"train-loss": loss}

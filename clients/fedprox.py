@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.nn import functional as F
 
 from clients.base import BaseClient
 
@@ -16,7 +15,7 @@ class FedProxClient(BaseClient):
         w_global = self.snapshot(self.model)
 
         def loss(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-            return F.cross_entropy(self.model(x), y) + mu / 2 * self.proximal(self.model,
+            return self.task.loss(self.model(x), y) + mu / 2 * self.proximal(self.model,
                                                                                w_global)
 
         return {"train-loss": self.sgd_epochs(self.model.parameters(), loss,

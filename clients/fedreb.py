@@ -43,7 +43,7 @@ class FedRebClient(PersonalHeadClient):
         """CE(H1 + H2) on D_o; the optimizer holds base + H2 only (ablation b: base + H1)."""
         base, h1, h2 = self.model.base, self.model.head, self.personal
         if self.ablation == "b":  # no extra head: one head, trained on D_o then on D_r
-            return self.sgd_epochs([], self.ce_loss(self.model), epochs, optimizer=optimizer)
+            return self.sgd_epochs([], self.task_loss(self.model), epochs, optimizer=optimizer)
 
         def loss(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
             z = base(x)
@@ -55,7 +55,7 @@ class FedRebClient(PersonalHeadClient):
         """CE(H1) on D_r (ablation c: on D_o); the optimizer holds base + H1."""
         data: RebalancedData = self.data  # type: ignore[assignment]
         x, y = (None, None) if self.ablation == "c" else (data.x_reb, data.y_reb)
-        return self.sgd_epochs([], self.ce_loss(self.model), epochs, x=x, y=y,
+        return self.sgd_epochs([], self.task_loss(self.model), epochs, x=x, y=y,
                                optimizer=optimizer)
 
     def local_train(self, config: dict[str, Any]) -> dict[str, Any]:

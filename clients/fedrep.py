@@ -12,7 +12,7 @@ from clients.personal import PersonalHeadClient
 class FedRepClient(PersonalHeadClient):
     def local_train(self, config: dict[str, Any]) -> dict[str, Any]:
         self.use_personal_head()
-        loss_fn = self.ce_loss(self.model)
+        loss_fn = self.task_loss(self.model)
         # Only the listed parameters are stepped; the other part is frozen by construction.
         head_loss = self.sgd_epochs(self.model.head.parameters(), loss_fn,
                                     int(self.algo.get("head-epochs", 5)))

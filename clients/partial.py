@@ -53,7 +53,7 @@ class PartialClient(BaseClient):
         return logits, logits.masked_fill(self.absent_classes(), float("-inf"))
 
     def local_train(self, config: dict[str, Any]) -> dict[str, Any]:
-        loss_fn = self.ce_loss(self.model)
+        loss_fn = self.task_loss(self.model)
         if self.label_mask:
             absent = self.absent_classes()
 

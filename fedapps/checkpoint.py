@@ -1,9 +1,11 @@
-"""Server checkpoints: after every round, the global arrays, the round and the strategy's own
-state in one .npz (written atomically, read with allow_pickle=False)."""
+"""Server checkpoints: after every step, the global arrays, where the run stands (round and,
+inside a multi-step round, the last completed step with the open round's counters) and the
+strategy's own state, in one .npz written atomically and read with allow_pickle=False."""
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -11,30 +13,52 @@ import numpy as np
 FILE = "checkpoint.npz"
 
 
-def save(run_dir: Path, completed_round: int, global_arrays: list[np.ndarray],
-         state: dict[str, list[np.ndarray]]) -> Path:
-    arrays = {f"global_{i}": a for i, a in enumerate(global_arrays)}
-    for name, values in state.items():
+@dataclass
+class Snapshot:
+    """Where a run stands. `step` is None when `round` is complete; otherwise the last
+    completed step (from 0) of the open round, whose counters are in `open_round` (JSON)."""
+
+    round: int
+    global_arrays: list[np.ndarray]
+    state: dict[str, list[np.ndarray]] = field(default_factory=dict)
+    step: int | None = None
+    open_round: str | None = None
+
+    @property
+    def completed_rounds(self) -> int:
+        return self.round if self.step is None else self.round - 1
+
+
+def save(run_dir: Path, snap: Snapshot) -> Path:
+    arrays = {f"global_{i}": a for i, a in enumerate(snap.global_arrays)}
+    for name, values in snap.state.items():
+        if "__" in name:
+            raise ValueError(f"state name {name!r} must not contain '__'")
         arrays.update({f"state__{name}__{i}": a for i, a in enumerate(values)})
     path = run_dir / FILE
     tmp = run_dir / f".{FILE}.{os.getpid()}.tmp.npz"
-    np.savez(tmp, round=np.array(completed_round), **arrays)
+    np.savez(tmp, round=np.array(snap.round),
+             step=np.array(-1 if snap.step is None else snap.step),
+             open_round=np.array(snap.open_round or ""), **arrays)
     tmp.replace(path)
     return path
 
 
-def load(run_dir: Path) -> tuple[int, list[np.ndarray], dict[str, list[np.ndarray]]] | None:
-    """(completed round, global arrays, strategy state), or None without a checkpoint."""
+def load(run_dir: Path) -> Snapshot | None:
+    """The saved snapshot, or None without a checkpoint (files from before steps existed
+    have no `step`: their round is complete)."""
     path = run_dir / FILE
     if not path.is_file():
         return None
     with np.load(path, allow_pickle=False) as z:
         n_global = sum(1 for k in z.files if k.startswith("global_"))
         global_arrays = [z[f"global_{i}"] for i in range(n_global)]
+        keys = sorted((k for k in z.files if k.startswith("state__")),
+                      key=lambda k: (k.split("__")[1], int(k.split("__")[2])))
         state: dict[str, list[np.ndarray]] = {}
-        for key in sorted(z.files, key=lambda k: (k.rsplit("__", 1)[0], int(k.rsplit("__", 1)[-1])
-                                                  if k.startswith("state__") else 0)):
-            if key.startswith("state__"):
-                _, name, _ = key.split("__")
-                state.setdefault(name, []).append(z[key])
-        return int(z["round"]), global_arrays, state
+        for key in keys:
+            state.setdefault(key.split("__")[1], []).append(z[key])
+        step = int(z["step"]) if "step" in z.files else -1
+        open_round = str(z["open_round"]) if "open_round" in z.files else ""
+        return Snapshot(int(z["round"]), global_arrays, state, None if step < 0 else step,
+                        open_round or None)

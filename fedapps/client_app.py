@@ -19,7 +19,13 @@ from clients.faulty import FaultyClient
 from fedapps.config import ConfigError
 from fedapps.data import federated_data
 from fedapps.registry import ALGORITHMS
-from fedapps.runtime import algo_params, config_from_run, select_device, train_settings
+from fedapps.runtime import (
+    algo_params,
+    config_from_run,
+    dataset_task,
+    select_device,
+    train_settings,
+)
 
 
 def client_fn(context: Context) -> Client:
@@ -43,6 +49,7 @@ def client_fn(context: Context) -> Client:
     client = spec.client(spec.model(cfg), local, train_settings(cfg), pid, context=context,
                          algo=algo_params(cfg), device=device,
                          state_dir=client_state_dir(node, context.run_config, cfg, pid),
+                         task=dataset_task(cfg),
                          **spec.client_kwargs(cfg))
     if node.get("fault"):  # test deployments only (clients/faulty.py)
         return FaultyClient(client, str(node["fault"]), float(node.get("fault-seconds", 3600)),

@@ -199,6 +199,12 @@ def validate(cfg: DictConfig, check_data: bool = True) -> None:
     ef = _number(cfg, "eval.fraction")
     _require(0 < ef <= 1, "eval.fraction", ef, "must be in (0, 1]")
     _choice(cfg, "wandb.mode", WANDB_MODES)
+    from strategies.server_opt import validate_server_settings
+
+    try:
+        validate_server_settings(cfg.server)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
 
     ALGORITHMS[cfg.algorithm].validate(cfg)
     if check_data:

@@ -16,6 +16,7 @@ from clients.base import TrainSettings
 from fedapps.config import load_config, to_container, validate
 from fedapps.data import DATASETS
 from fedapps.models import SplitNet, build_model
+from fedapps.tasks import Task, get_task
 
 
 @lru_cache(maxsize=8)
@@ -54,6 +55,11 @@ def make_model(cfg: DictConfig) -> SplitNet:
     info = DATASETS[cfg.dataset]
     torch.manual_seed(int(cfg.seed))
     return build_model(cfg.model.name, info.shape, info.num_classes, int(cfg.model["head-depth"]))
+
+
+def dataset_task(cfg: DictConfig) -> Task:
+    """The learning task the dataset declares (classification unless it says otherwise)."""
+    return get_task(str(getattr(DATASETS[cfg.dataset], "task", "classification")))
 
 
 def train_settings(cfg: DictConfig) -> TrainSettings:

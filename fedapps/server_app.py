@@ -12,46 +12,56 @@ from clients.arrays import get_arrays
 from fedapps import checkpoint
 from fedapps.config import ConfigError, clients_per_round, data_root, to_container
 from fedapps.data import check_available, federated_data
+from fedapps.evaluation import evaluate_sums, summarize_central
 from fedapps.registry import ALGORITHMS
 from fedapps.results import ResultsWriter
 from fedapps.runtime import (
     algo_params,
     config_from_run,
+    dataset_task,
     run_dir,
     seed_everything,
     select_device,
 )
+from strategies.server_opt import ServerOptimizer, from_settings
 
 
 def default_run_name(cfg) -> str:
     return f"{cfg.experiment}-{cfg.algorithm}-s{cfg.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def official_test_eval(cfg, data):
-    """Accuracy and loss of the full global model on the dataset's official test split."""
-    import torch
-    from torch.nn import functional as F
+# The server's official-test batch: its numbers were recorded at 1024 (static BatchNorm models
+# normalise with the batch's statistics, so the batch size is part of the metric).
+OFFICIAL_TEST_BATCH = 1024
 
+
+def official_test_eval(cfg, data):
+    """The task's metric and loss of the full global model on the official test split, with
+    the evaluation loop the clients use."""
     from clients.arrays import set_arrays
 
     device = select_device(cfg)  # the server's model is the largest: use the GPU when there
     x, y = (t.to(device) for t in data.official_test())
     model = ALGORITHMS[cfg.algorithm].model(cfg).to(device)
+    task = dataset_task(cfg)
+
+    def predict(xb):
+        out = model(xb)
+        return out, out
 
     def evaluate(arrays: list) -> dict[str, float]:
         set_arrays(model, arrays)
         model.eval()
-        correct = torch.zeros((), dtype=torch.long, device=device)
-        loss = torch.zeros((), dtype=torch.float64, device=device)
-        with torch.no_grad():
-            for start in range(0, len(y), 1024):
-                logits = model(x[start:start + 1024])
-                loss += F.cross_entropy(logits, y[start:start + 1024], reduction="sum").double()
-                correct += (logits.argmax(1) == y[start:start + 1024]).sum()
-        return {"official_test_accuracy": int(correct) / max(len(y), 1),
-                "official_test_loss": float(loss) / max(len(y), 1)}
+        n, loss_sum, sums = evaluate_sums(predict, x, y, task, OFFICIAL_TEST_BATCH)
+        return summarize_central(task, n, loss_sum, sums)
 
     return evaluate
+
+
+def server_optimizer(cfg) -> ServerOptimizer | None:
+    """The configured server optimizer, or None for plain averaging (server.optimizer=none)."""
+    opt = from_settings(cfg.server)
+    return None if opt.is_identity else opt
 
 
 def server_fn(context: Context) -> ServerAppComponents:
@@ -69,7 +79,8 @@ def server_fn(context: Context) -> ServerAppComponents:
     invocation = {"experiment": str(context.run_config.get("experiment", cfg.experiment)),
                   "overrides": str(context.run_config.get("overrides", ""))}
     writer = ResultsWriter(out, to_container(cfg), data.summary(), int(cfg.rounds),
-                           invocation=invocation, resume_after=saved[0] if saved else None)
+                           invocation=invocation,
+                           resume_after=saved.completed_rounds if saved else None)
     fed = cfg.federation
     log(INFO, "[fedapps] %s: %s on %s, %d clients (%d per round), %d rounds, EMD %.3f -> %s",
         cfg.experiment, cfg.algorithm, cfg.dataset, fed["num-clients"], clients_per_round(cfg),
@@ -89,25 +100,25 @@ def server_fn(context: Context) -> ServerAppComponents:
         central_eval=official_test_eval(cfg, data) if spec.official_test else None,
         on_too_few=str(fed["on-too-few"]),
         on_stop=writer.stop,
+        task=dataset_task(cfg),
+        server_optimizer=server_optimizer(cfg),
         **spec.strategy_kwargs(cfg, model),
     )
 
-    def on_round(record: dict) -> None:
-        writer.on_round(record)  # results first: a crash in between repeats this round
-        checkpoint.save(out, record["round"], strategy.global_arrays, strategy.state_arrays())
-
-    strategy.on_round = on_round
-    done = 0
+    strategy.on_round = writer.on_round  # results first: a crash in between repeats a round
+    strategy.on_checkpoint = lambda snap: checkpoint.save(out, snap)
     if saved is not None:
-        done = saved[0]
-        strategy.resume_from(done, saved[1], saved[2])
-        log(INFO, "[fedapps] resuming %s after round %d", out, done)
-    if done >= int(cfg.rounds):
-        raise ConfigError(f"rounds={cfg.rounds}: the run already completed {done} rounds")
+        strategy.resume(saved)
+        where = (f"round {saved.round}" if saved.step is None
+                 else f"step {saved.step + 1} of round {saved.round}")
+        log(INFO, "[fedapps] resuming %s after %s", out, where)
+    if strategy.flower_rounds() <= 0:
+        raise ConfigError(f"rounds={cfg.rounds}: the run already completed "
+                          f"{saved.completed_rounds if saved else 0} rounds")
     timeout = fed["round-timeout"]
     return ServerAppComponents(
         strategy=strategy,
-        config=ServerConfig(num_rounds=int(cfg.rounds) - done,
+        config=ServerConfig(num_rounds=strategy.flower_rounds(),
                             round_timeout=float(timeout) if timeout else None))
 
 

@@ -1,19 +1,21 @@
-"""The shared Strategy: seeded sampling by partition id, update validation, all-client G/P
-evaluation, per-round bookkeeping (bytes, failures, time) and progress output.
+"""The shared Strategy: a small Flower adaptor over plain modules.
 
-An algorithm's strategy subclasses `BaseStrategy` and overrides only the hooks that differ:
-`fit_arrays` (what a client receives), `aggregate` (how uploads combine), `fit_config`
-(extra per-round instructions) and `expected_upload` (what a valid upload looks like).
+Lifecycle of one round (docs/ARCHITECTURE.md): for each of its steps, plan -> fit -> check ->
+aggregate (-> server optimizer step after the last step); then evaluate -> record ->
+checkpoint. Each step is one Flower round; checkpoints follow every step.
+
+An algorithm subclasses `BaseStrategy` and overrides only what differs: `steps_per_round`,
+`plan` (who takes part and what each gets), `aggregate` (how answers combine),
+`validate_metrics`, `eval_arrays`, and `state_arrays` / `load_state_arrays` for server state.
+Sampling, upload checks, evaluation reduction and round records live in their own modules.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from logging import INFO, WARNING
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from flwr.common import (
@@ -21,63 +23,46 @@ from flwr.common import (
     EvaluateRes,
     FitIns,
     FitRes,
-    GetPropertiesIns,
     Parameters,
     Scalar,
     log,
     ndarrays_to_parameters,
-    parameters_to_ndarrays,
 )
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
+from fedapps.checkpoint import Snapshot
+from fedapps.evaluation import reduce_evaluations
+from fedapps.tasks import TASKS, Task
+from strategies import uploads
 from strategies.aggregation import weighted_average
+from strategies.nodes import NodeDirectory
+from strategies.plan import CROSS_EVALUATE, Assignment, RoundPlan
+from strategies.records import RoundLog, progress_line, round_record, step_line
+from strategies.sampling import sample_clients, sample_evaluators
+from strategies.steps import StepClock
+from strategies.uploads import Upload, parameters_nbytes
+
+__all__ = ["BaseStrategy", "TooFewClients", "Upload"]
 
 
 class TooFewClients(RuntimeError):
     """Fewer valid updates than federation.min-fit-fraction requires: the run stops."""
 
 
-@dataclass
-class Upload:
-    """One validated client update."""
+class ServerStep(Protocol):
+    """A server optimizer (strategies/server_opt.py): steps the round's aggregated change."""
 
-    partition_id: int
-    arrays: list[np.ndarray]
-    num_examples: int
-    metrics: dict[str, Scalar]
+    def step(self, current: list[np.ndarray], aggregated: list[np.ndarray],
+             server_round: int) -> list[np.ndarray]: ...
 
+    def state_arrays(self) -> dict[str, list[np.ndarray]]: ...
 
-@dataclass
-class RoundLog:
-    """What a round accumulates between configure_fit and the end of evaluation."""
-
-    round: int
-    started: float
-    fit_done: float | None = None  # when aggregation finished: splits fit and eval time
-    fit_clients: list[int] = field(default_factory=list)
-    bytes_down: int = 0
-    bytes_up: int = 0
-    bytes_down_eval: int = 0
-    failures: int = 0
-    rejected: int = 0
-    fit_metrics: dict[int, dict[str, Scalar]] = field(default_factory=dict)
-    central: dict[str, float] = field(default_factory=dict)
-    failure_reasons: list[str] = field(default_factory=list)
+    def load_state_arrays(self, state: dict[str, list[np.ndarray]]) -> None: ...
 
 
-def parameters_nbytes(parameters: Parameters) -> int:
-    return sum(len(t) for t in parameters.tensors)
-
-
-def _percentiles(values: list[float], prefix: str) -> dict[str, float]:
-    if not values:
-        return {}
-    arr = np.asarray(values)
-    p10, p50, p90 = np.percentile(arr, [10, 50, 90])
-    return {f"{prefix}_p10": float(p10), f"{prefix}_p50": float(p50),
-            f"{prefix}_p90": float(p90), f"{prefix}_std": float(arr.std())}
+ROUND_START = "round-start"  # checkpoint name of the model a mid-round resume started from
 
 
 class BaseStrategy(Strategy):
@@ -95,12 +80,15 @@ class BaseStrategy(Strategy):
         min_fit_fraction: float = 0.5,
         eval_every: int = 1,
         eval_fraction: float = 1.0,
-        algo: dict[str, Any] | None = None,
+        algo: Any = None,
         on_round: Callable[[dict[str, Any]], None] | None = None,
+        on_checkpoint: Callable[[Snapshot], None] | None = None,
         properties_timeout: float = 120.0,
         central_eval: Callable[[list[np.ndarray]], dict[str, float]] | None = None,
         on_too_few: str = "stop",
         on_stop: Callable[[str], None] | None = None,
+        server_optimizer: ServerStep | None = None,
+        task: Task | None = None,
     ) -> None:
         super().__init__()
         self.global_arrays = [np.asarray(a) for a in initial_arrays]
@@ -113,60 +101,60 @@ class BaseStrategy(Strategy):
         self.min_fit_fraction = min_fit_fraction
         self.eval_every = eval_every
         self.eval_fraction = eval_fraction
-        self.algo = algo or {}
+        self.algo = algo if algo is not None else {}
         self.on_round = on_round
-        self.properties_timeout = properties_timeout
+        self.on_checkpoint = on_checkpoint
         self.central_eval = central_eval  # e.g. the global model on the official test split
-        self.on_too_few = on_too_few  # stop (default) or skip the round keeping the model
+        self.on_too_few = on_too_few  # stop (default) or skip the step keeping the model
         self.on_stop = on_stop
-        self.partition_of: dict[str, int] = {}  # node id (cid) -> partition id
-        self.round_offset = 0  # rounds done before a resume: Flower counts from 1 again
+        self.server_optimizer = server_optimizer
+        self.task = task or TASKS["classification"]  # the dataset's: loss sums and metric
+        self.nodes = NodeDirectory(num_clients, properties_timeout)
+        self.steps_done = 0  # global steps completed before this process (a resume)
         self.current: RoundLog | None = None
+        self.current_plan: RoundPlan | None = None
+        self.round_start: list[np.ndarray] | None = None  # the model the open round started from
         self.round_seconds: list[float] = []
+        self._clock: StepClock | None = None
 
-    # ---- client identity and sampling ---------------------------------------------------------
-    def clients_by_partition(self, client_manager: ClientManager) -> dict[int, ClientProxy]:
-        """Connected clients keyed by partition id, asking each new node once."""
-        if not self.partition_of:
-            client_manager.wait_for(self.num_clients, timeout=int(self.properties_timeout))
-        proxies = client_manager.all()
-        unknown = [p for cid, p in proxies.items() if cid not in self.partition_of]
-        if unknown:
-            ins = GetPropertiesIns(config={})
-            with ThreadPoolExecutor(max_workers=min(32, len(unknown))) as pool:
-                answers = list(pool.map(
-                    lambda p: p.get_properties(ins, timeout=self.properties_timeout, group_id=0),
-                    unknown))
-            for proxy, res in zip(unknown, answers, strict=True):
-                pid = res.properties.get("partition-id")
-                if isinstance(pid, int) and 0 <= pid < self.num_clients:
-                    # a restarted node comes back with a new id: forget the old one
-                    for old in [c for c, p in self.partition_of.items() if p == pid]:
-                        del self.partition_of[old]
-                    self.partition_of[proxy.cid] = pid
-                else:
-                    log(WARNING, "node %s reported partition-id %r; ignored", proxy.cid, pid)
-        by_pid: dict[int, ClientProxy] = {}
-        for cid, proxy in proxies.items():
-            if cid in self.partition_of:
-                by_pid[self.partition_of[cid]] = proxy
-        return by_pid
+    # ---- steps ------------------------------------------------------------------------------
+    def steps_per_round(self, server_round: int) -> int:
+        """Steps of a round (default 1; a relay has one per hop, Fed-Star one per period)."""
+        return 1
 
-    def sample(self, server_round: int, available: Sequence[int]) -> list[int]:
-        """Seeded uniform sample without replacement; same seed and round -> same clients."""
-        rng = np.random.default_rng([self.seed, server_round])
-        pool = sorted(available)
-        k = min(self.clients_per_round, len(pool))
-        return sorted(int(p) for p in rng.choice(pool, size=k, replace=False))
+    @property
+    def clock(self) -> StepClock:
+        if self._clock is None:
+            self._clock = StepClock(self.num_rounds, self.steps_per_round)
+        return self._clock
+
+    def is_last(self, server_round: int, step: int) -> bool:
+        return step == self.steps_per_round(server_round) - 1
+
+    def position(self, flower_round: int) -> tuple[int, int]:
+        """(round, step) of a Flower server round, counting the steps done before a resume."""
+        return self.clock.locate(flower_round + self.steps_done)
+
+    def flower_rounds(self) -> int:
+        """How many Flower rounds this process must run."""
+        return self.clock.total - self.steps_done
 
     # ---- hooks ------------------------------------------------------------------------------
-    def fit_config(self, server_round: int, partition_id: int) -> dict[str, Scalar]:
-        """Extra per-client fit instructions."""
-        return {}
+    def sample(self, server_round: int, available: Sequence[int]) -> list[int]:
+        """The round's participants (seeded; same seed and round -> same clients)."""
+        return sample_clients(self.seed, server_round, available, self.clients_per_round)
 
-    def fit_arrays(self, server_round: int, partition_id: int) -> list[np.ndarray]:
-        """Arrays a client receives for training (default: the whole global model)."""
-        return self.global_arrays
+    def plan(self, server_round: int, step: int, participants: list[int]) -> RoundPlan:
+        """Who trains in this step and what each receives (default: every participant gets
+        the whole global model and uploads its shared arrays)."""
+        expected = self.shared_arrays()
+        return self.make_plan(server_round, step,
+                              [Assignment(pid, self.global_arrays, expected)
+                               for pid in participants])
+
+    def make_plan(self, server_round: int, step: int, assignments: list[Assignment]
+                  ) -> RoundPlan:
+        return RoundPlan(server_round, step, self.is_last(server_round, step), assignments)
 
     def eval_arrays(self, server_round: int, partition_id: int) -> list[np.ndarray]:
         """Arrays a client receives for evaluation (default: the whole global model)."""
@@ -178,8 +166,7 @@ class BaseStrategy(Strategy):
         prefix = str(self.algo.get("shared-prefix", ""))
         return [name.startswith(prefix) for name in self.array_names]
 
-    def expected_upload(self, partition_id: int) -> list[np.ndarray]:
-        """Arrays whose shapes and dtypes a valid upload must match."""
+    def shared_arrays(self) -> list[np.ndarray]:
         return [a for a, shared in zip(self.global_arrays, self.shared_mask(), strict=True)
                 if shared]
 
@@ -190,11 +177,11 @@ class BaseStrategy(Strategy):
                 for a, shared in zip(self.global_arrays, self.shared_mask(), strict=True)]
 
     def validate_metrics(self, metrics: dict[str, Scalar]) -> str | None:
-        """Reason to reject an upload's declared scalars, or None."""
+        """Reason to reject a training answer's declared scalars, or None."""
         return None
 
-    def aggregate(self, server_round: int, uploads: list[Upload]) -> list[np.ndarray]:
-        """New global arrays from the round's valid uploads (default: FedAvg)."""
+    def aggregate(self, plan: RoundPlan, uploads: list[Upload]) -> list[np.ndarray]:
+        """New global arrays from the step's valid uploads (default: FedAvg)."""
         return self.merge(weighted_average([u.arrays for u in uploads],
                                            [u.num_examples for u in uploads]))
 
@@ -205,13 +192,42 @@ class BaseStrategy(Strategy):
     def load_state_arrays(self, state: dict[str, list[np.ndarray]]) -> None:
         """Restore what `state_arrays` returned."""
 
-    def resume_from(self, completed_round: int, global_arrays: list[np.ndarray],
-                    state: dict[str, list[np.ndarray]]) -> None:
-        """Continue after `completed_round`: sampling and client seeds depend only on
-        (seed, round), so nothing else needs restoring."""
-        self.round_offset = completed_round
-        self.global_arrays = [np.asarray(a) for a in global_arrays]
-        self.load_state_arrays(state)
+    # ---- one step ---------------------------------------------------------------------------
+    def open_step(self, server_round: int, step: int, available: Sequence[int]) -> RoundPlan:
+        """Plan a step; the first step of a round opens its log and remembers its start model."""
+        if self.current is None or self.current.round != server_round:
+            self.current = RoundLog(server_round)
+        if step == 0 or self.round_start is None:
+            self.round_start = self.global_arrays
+        plan = self.plan(server_round, step, self.sample(server_round, available))
+        self.current_plan = plan
+        self.current.add_clients(plan.partition_ids)
+        self.current.instructions += len(plan.assignments)
+        return plan
+
+    def check_upload(self, res: FitRes) -> Upload | str:
+        """The answer checked against the open step's plan: an Upload or the reason."""
+        if self.current_plan is None:
+            return "no step is open"
+        return uploads.check_upload(res, self.current_plan, self.validate_metrics)
+
+    def server_update(self, server_round: int, aggregated: list[np.ndarray]
+                      ) -> list[np.ndarray]:
+        """The server optimizer's step on the round's change (none: the aggregate itself)."""
+        if self.server_optimizer is None or self.round_start is None:
+            return aggregated
+        return self.server_optimizer.step(self.round_start, aggregated, server_round)
+
+    def close_step(self, plan: RoundPlan) -> None:
+        """After a step's aggregation: checkpoint inside a round (the last step checkpoints
+        after its record)."""
+        rlog = self.round_log(plan.round)
+        rlog.steps += 1
+        rlog.fit_done = time.perf_counter()
+        if not plan.last_step:
+            log(INFO, step_line(plan.round, self.num_rounds, plan.step,
+                                self.steps_per_round(plan.round), rlog.fit_done - rlog.started))
+            self.save_checkpoint(plan.round, plan.step)
 
     # ---- Strategy API -----------------------------------------------------------------------
     def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
@@ -219,44 +235,27 @@ class BaseStrategy(Strategy):
 
     def configure_fit(self, server_round: int, parameters: Parameters,
                       client_manager: ClientManager) -> list[tuple[ClientProxy, FitIns]]:
-        server_round += self.round_offset
-        self.current = RoundLog(server_round, time.perf_counter())
-        clients = self.clients_by_partition(client_manager)
-        chosen = self.sample(server_round, list(clients))
+        r, step = self.position(server_round)
+        clients = self.nodes.clients_by_partition(client_manager)
+        plan = self.open_step(r, step, list(clients))
+        serialized: dict[int, Parameters] = {}  # one serialization per distinct array list
         instructions = []
-        for pid in chosen:
-            params = ndarrays_to_parameters(self.fit_arrays(server_round, pid))
-            config: dict[str, Scalar] = {"server-round": server_round,
-                                         **self.fit_config(server_round, pid)}
-            instructions.append((clients[pid], FitIns(params, config)))
-            self.current.bytes_down += parameters_nbytes(params)
-        self.current.fit_clients = chosen
+        for a in plan.assignments:
+            if a.partition_id not in clients:
+                continue
+            params = serialized.setdefault(id(a.arrays), ndarrays_to_parameters(a.arrays))
+            config: dict[str, Scalar] = {"server-round": r, **a.config}
+            if step:
+                config["step"] = step
+            if a.task != "train":
+                config["task"] = a.task
+            instructions.append((clients[a.partition_id], FitIns(params, config)))
+            nbytes = parameters_nbytes(params)
+            if a.task == CROSS_EVALUATE:
+                self.current.bytes_down_xeval += nbytes  # type: ignore[union-attr]
+            else:
+                self.current.bytes_down += nbytes  # type: ignore[union-attr]
         return instructions
-
-    def check_upload(self, res: FitRes) -> Upload | str:
-        """A valid Upload, or the reason the update is rejected (never raises)."""
-        pid = res.metrics.get("partition-id")
-        if not isinstance(pid, int):
-            return "missing partition-id"
-        try:
-            arrays = parameters_to_ndarrays(res.parameters)  # np.load(allow_pickle=False)
-        except Exception as err:  # malformed bytes from the network
-            return f"client {pid}: undecodable arrays ({type(err).__name__})"
-        expected = self.expected_upload(pid)
-        if len(arrays) != len(expected):
-            return f"client {pid}: {len(arrays)} arrays, expected {len(expected)}"
-        for i, (got, want) in enumerate(zip(arrays, expected, strict=True)):
-            if got.shape != want.shape or got.dtype != want.dtype:
-                return (f"client {pid}: array {i} is {got.dtype}{list(got.shape)}, expected "
-                        f"{want.dtype}{list(want.shape)}")
-            if got.dtype.kind == "f" and not np.all(np.isfinite(got)):
-                return f"client {pid}: array {i} has NaN or Inf"
-        if not isinstance(res.num_examples, int) or res.num_examples <= 0:
-            return f"client {pid}: num_examples={res.num_examples} must be > 0"
-        reason = self.validate_metrics(res.metrics)
-        if reason:
-            return f"client {pid}: {reason}"
-        return Upload(pid, arrays, res.num_examples, dict(res.metrics))
 
     def aggregate_fit(
         self,
@@ -264,11 +263,20 @@ class BaseStrategy(Strategy):
         results: list[tuple[ClientProxy, FitRes]],
         failures: list[tuple[ClientProxy, FitRes] | BaseException],
     ) -> tuple[Parameters | None, dict[str, Scalar]]:
-        server_round += self.round_offset
-        rlog = self.round_log(server_round)
+        r, step = self.position(server_round)
+        plan = self.current_plan
+        if plan is None or (plan.round, plan.step) != (r, step):
+            raise RuntimeError(f"round {r} step {step}: answers arrived without a plan")
+        rlog = self.round_log(r)
         uploads: list[Upload] = []
         for _, res in results:
-            rlog.bytes_up += parameters_nbytes(res.parameters)
+            pid = res.metrics.get("partition-id")
+            a = plan.get(pid) if isinstance(pid, int) else None
+            nbytes = parameters_nbytes(res.parameters)
+            if a is not None and a.task == CROSS_EVALUATE:
+                rlog.bytes_up_xeval += nbytes
+            else:
+                rlog.bytes_up += nbytes
             checked = self.check_upload(res)
             if isinstance(checked, Upload):
                 uploads.append(checked)
@@ -277,37 +285,35 @@ class BaseStrategy(Strategy):
             else:
                 rlog.rejected += 1
                 rlog.failure_reasons.append(checked)
-                log(WARNING, "round %s: rejected update: %s", server_round, checked)
+                log(WARNING, "round %s: rejected update: %s", r, checked)
         for failure in failures:
             rlog.failures += 1
             reason = repr(failure) if isinstance(failure, BaseException) else "client failed"
             rlog.failure_reasons.append(reason[:200])
-        needed = max(1, int(np.ceil(self.min_fit_fraction * max(len(rlog.fit_clients), 1))))
+        sent = len(plan.assignments)
+        needed = max(1, int(np.ceil(self.min_fit_fraction * max(sent, 1))))
         if len(uploads) < needed:
-            reason = (f"round {server_round}: {len(uploads)} valid updates of "
-                      f"{len(rlog.fit_clients)} sampled clients, {needed} needed "
-                      "(federation.min-fit-fraction)")
+            where = f"round {r}" if self.steps_per_round(r) == 1 else f"round {r} step {step + 1}"
+            reason = (f"{where}: {len(uploads)} valid updates of {sent} sampled clients, "
+                      f"{needed} needed (federation.min-fit-fraction)")
             if self.on_too_few == "skip":
                 log(WARNING, "%s; global model unchanged", reason)
+                self.close_step(plan)
                 return None, {}
             if self.on_stop:
                 self.on_stop(reason)
             raise TooFewClients(f"{reason}; stopping. The checkpoint of the last completed "
-                                "round is kept: continue with `fedapps resume <run dir>`")
+                                "step is kept: continue with `fedapps resume <run dir>`")
         uploads.sort(key=lambda u: u.partition_id)  # arrival order must not change the sum
-        self.global_arrays = self.aggregate(server_round, uploads)
-        rlog.fit_done = time.perf_counter()
+        new = self.aggregate(plan, uploads)
+        if plan.last_step:
+            new = self.server_update(r, new)
+        self.global_arrays = new
+        self.close_step(plan)
         return ndarrays_to_parameters(self.global_arrays), {}
 
     def eval_sample(self, server_round: int, available: Sequence[int]) -> list[int]:
-        """All clients (the evaluation contract), or a seeded `eval_fraction` of them for
-        large federations."""
-        pool = sorted(available)
-        if self.eval_fraction >= 1.0:
-            return pool
-        k = max(1, int(np.ceil(self.eval_fraction * len(pool))))
-        rng = np.random.default_rng([self.seed, server_round, 1])
-        return sorted(int(p) for p in rng.choice(pool, size=k, replace=False))
+        return sample_evaluators(self.seed, server_round, available, self.eval_fraction)
 
     def eval_due(self, server_round: int) -> bool:
         return server_round % self.eval_every == 0 or server_round == self.num_rounds
@@ -315,17 +321,18 @@ class BaseStrategy(Strategy):
     def configure_evaluate(self, server_round: int, parameters: Parameters,
                            client_manager: ClientManager
                            ) -> list[tuple[ClientProxy, EvaluateIns]]:
-        server_round += self.round_offset
-        if not self.eval_due(server_round):
-            self.finish_round(server_round, {})
+        r, step = self.position(server_round)
+        if not self.is_last(r, step):
             return []
-        clients = self.clients_by_partition(client_manager)
+        if not self.eval_due(r):
+            self.finish_round(r, {})
+            return []
+        clients = self.nodes.clients_by_partition(client_manager)
         instructions = []
-        for pid in self.eval_sample(server_round, list(clients)):
-            params = ndarrays_to_parameters(self.eval_arrays(server_round, pid))
-            if self.current:
-                self.current.bytes_down_eval += parameters_nbytes(params)
-            instructions.append((clients[pid], EvaluateIns(params, {"server-round": server_round})))
+        for pid in self.eval_sample(r, list(clients)):
+            params = ndarrays_to_parameters(self.eval_arrays(r, pid))
+            self.round_log(r).bytes_down_eval += parameters_nbytes(params)
+            instructions.append((clients[pid], EvaluateIns(params, {"server-round": r})))
         return instructions
 
     def aggregate_evaluate(
@@ -334,95 +341,84 @@ class BaseStrategy(Strategy):
         results: list[tuple[ClientProxy, EvaluateRes]],
         failures: list[tuple[ClientProxy, EvaluateRes] | BaseException],
     ) -> tuple[float | None, dict[str, Scalar]]:
-        server_round += self.round_offset
+        r, _ = self.position(server_round)
         metrics = self.evaluation_metrics([res for _, res in results])
         metrics["eval_failures"] = len(failures)
-        self.finish_round(server_round, metrics)
+        self.finish_round(r, metrics)
         return metrics.get("loss"), {k: v for k, v in metrics.items()
                                      if isinstance(v, int | float) and not isinstance(v, bool)}
 
     def evaluate(self, server_round: int, parameters: Parameters
                  ) -> tuple[float, dict[str, Scalar]] | None:
-        """Server-side evaluation of the new global model, when the app gave one."""
-        if self.central_eval is None:
+        """Server-side evaluation of the round's global model, when the app gave one (not of
+        the initial model: Flower asks with server_round 0)."""
+        if server_round < 1:
+            return None
+        r, step = self.position(server_round)
+        if self.central_eval is None or not self.is_last(r, step):
             return None
         metrics = self.central_eval(self.global_arrays)
-        self.round_log(server_round + self.round_offset).central = metrics
+        self.round_log(r).central = metrics
         return float(metrics.get("official_test_loss", 0.0)), dict(metrics)
 
     # ---- evaluation and bookkeeping -----------------------------------------------------------
     def evaluation_metrics(self, results: list[EvaluateRes]) -> dict[str, Any]:
-        """G and P as micro-averages over all clients' local test splits (evaluation contract),
-        per-client accuracy percentiles, and each client's accuracies (index = partition id)."""
-        n = sum(r.num_examples for r in results)
-        correct_g = sum(int(r.metrics["correct-global"]) for r in results)
-        correct_p = sum(int(r.metrics["correct-personal"]) for r in results)
-        loss = sum(r.loss * r.num_examples for r in results) / n if n else None
-        per_g: list[float | None] = [None] * self.num_clients
-        per_p: list[float | None] = [None] * self.num_clients
+        """G and P pooled over all clients' local test splits (evaluation contract: exact
+        micro-averages for accuracy, R^2 from pooled sums), per-client percentiles, and each
+        client's score (index = partition id)."""
+        rows = []
         for r in results:
             pid = r.metrics.get("partition-id")
-            if r.num_examples and isinstance(pid, int) and 0 <= pid < self.num_clients:
-                per_g[pid] = int(r.metrics["correct-global"]) / r.num_examples
-                per_p[pid] = int(r.metrics["correct-personal"]) / r.num_examples
-        return {
-            "global_accuracy": correct_g / n if n else None,
-            "personal_accuracy": correct_p / n if n else None,
-            "loss": loss,
-            "eval_clients": len(results),
-            "eval_samples": n,
-            **_percentiles([a for a in per_g if a is not None], "global_client"),
-            **_percentiles([a for a in per_p if a is not None], "personal_client"),
-            "client_global_accuracy": per_g,
-            "client_personal_accuracy": per_p,
-            # clients whose personal state came back from state-dir (a restarted node)
-            "clients_state_from_disk": sorted(
-                int(r.metrics["partition-id"]) for r in results
-                if r.metrics.get("state-from-disk") == 1),
-        }
+            rows.append((pid if isinstance(pid, int) else None, r.num_examples, r.loss,
+                         r.metrics))
+        return reduce_evaluations(self.task, rows, self.num_clients)
 
     def round_log(self, server_round: int) -> RoundLog:
-        """The open round's log (opened here if configure_fit did not run, e.g. in tests)."""
+        """The open round's log (opened here if no step was planned, e.g. in tests)."""
         if self.current is None or self.current.round != server_round:
-            self.current = RoundLog(server_round, time.perf_counter())
+            self.current = RoundLog(server_round)
         return self.current
 
     def finish_round(self, server_round: int, metrics: dict[str, Any]) -> None:
-        rlog = self.round_log(server_round)
-        now = time.perf_counter()
-        seconds = now - rlog.started
-        fit_seconds = (rlog.fit_done or now) - rlog.started
-        self.round_seconds.append(seconds)
-        record = {
-            "round": server_round,
-            "global_accuracy": metrics.pop("global_accuracy", None),
-            "personal_accuracy": metrics.pop("personal_accuracy", None),
-            "bytes_down": rlog.bytes_down,
-            "bytes_up": rlog.bytes_up,
-            "bytes_down_eval": rlog.bytes_down_eval,
-            "seconds": seconds,
-            "fit_seconds": fit_seconds,
-            "eval_seconds": seconds - fit_seconds,
-            "fit_clients": rlog.fit_clients,
-            "failures": rlog.failures + rlog.rejected,
-            "rejected_updates": rlog.rejected,
-            "failure_reasons": rlog.failure_reasons,
-            "client_fit_metrics": {str(k): v for k, v in sorted(rlog.fit_metrics.items())},
-            **rlog.central,
-            **metrics,
-        }
+        record = round_record(self.round_log(server_round), metrics, self.task.metric)
+        self.round_seconds.append(record["seconds"])
         self.current = None
-        self.log_progress(record)
+        self.current_plan = None
+        self.round_start = None
+        eta = float(np.mean(self.round_seconds[-5:])) * (self.num_rounds - server_round)
+        log(INFO, progress_line(record, self.num_rounds, eta, self.task.metric))
         if self.on_round:
-            self.on_round(record)
+            self.on_round(record)  # results first: a crash in between repeats this round
+        self.save_checkpoint(server_round, None)
 
-    def log_progress(self, record: dict[str, Any]) -> None:
-        def pct(v: float | None) -> str:
-            return "   -  " if v is None else f"{100 * v:5.2f}%"
+    # ---- checkpoints --------------------------------------------------------------------------
+    def snapshot(self, server_round: int, step: int | None) -> Snapshot:
+        """Everything a resume needs after (round, step); step None = the round is complete."""
+        state = dict(self.state_arrays())
+        if self.server_optimizer is not None:  # its names start with server_opt_
+            state.update(self.server_optimizer.state_arrays())
+        open_round = None
+        if step is not None:
+            if self.round_start is not None:
+                state[ROUND_START] = list(self.round_start)
+            open_round = self.round_log(server_round).to_json()
+        return Snapshot(server_round, list(self.global_arrays), state, step, open_round)
 
-        r = record["round"]
-        eta = np.mean(self.round_seconds[-5:]) * (self.num_rounds - r)
-        log(INFO, "[fedapps] round %d/%d  G %s  P %s  fit %d/%d  failures %d  %.1fs  ETA %.0fs",
-            r, self.num_rounds, pct(record["global_accuracy"]), pct(record["personal_accuracy"]),
-            len(record["fit_clients"]) - record["failures"], len(record["fit_clients"]),
-            record["failures"], record["seconds"], eta)
+    def save_checkpoint(self, server_round: int, step: int | None) -> None:
+        if self.on_checkpoint:
+            self.on_checkpoint(self.snapshot(server_round, step))
+
+    def resume(self, snap: Snapshot) -> None:
+        """Continue after a snapshot: sampling, plans and client seeds depend only on
+        (seed, round, step) and the restored state, so the numbers repeat."""
+        if snap.step is None:
+            self.steps_done = self.clock.ends[snap.round - 1] if snap.round else 0
+        else:
+            self.steps_done = self.clock.index(snap.round, snap.step)
+            self.current = RoundLog.from_json(snap.open_round or "{}")
+            self.round_start = snap.state.get(ROUND_START)
+        self.global_arrays = [np.asarray(a) for a in snap.global_arrays]
+        state = {k: v for k, v in snap.state.items() if k != ROUND_START}
+        self.load_state_arrays(state)  # each part reads its own names
+        if self.server_optimizer is not None:
+            self.server_optimizer.load_state_arrays(state)

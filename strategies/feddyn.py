@@ -9,6 +9,7 @@ import numpy as np
 
 from strategies.aggregation import feddyn_update
 from strategies.base import BaseStrategy, Upload
+from strategies.plan import RoundPlan
 
 
 class FedDyn(BaseStrategy):
@@ -16,7 +17,7 @@ class FedDyn(BaseStrategy):
         super().__init__(**kwargs)
         self.h = [np.zeros_like(a, dtype=np.float64) for a in self.global_arrays]
 
-    def aggregate(self, server_round: int, uploads: list[Upload]) -> list[np.ndarray]:
+    def aggregate(self, plan: RoundPlan, uploads: list[Upload]) -> list[np.ndarray]:
         theta, self.h = feddyn_update(self.global_arrays, [u.arrays for u in uploads], self.h,
                                       float(self.algo.get("alpha", 0.01)), self.num_clients)
         return theta

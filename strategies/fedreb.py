@@ -12,6 +12,7 @@ from flwr.common import Scalar
 
 from strategies.aggregation import split_average
 from strategies.base import BaseStrategy, Upload
+from strategies.plan import RoundPlan
 
 
 class FedReb(BaseStrategy):
@@ -21,10 +22,10 @@ class FedReb(BaseStrategy):
             return f"n-eff={n_eff!r} must be an integer > 0"
         return None
 
-    def aggregate(self, server_round: int, uploads: list[Upload]) -> list[np.ndarray]:
+    def aggregate(self, plan: RoundPlan, uploads: list[Upload]) -> list[np.ndarray]:
         origin = self.algo.get("aggregation") == "origin" or self.algo.get("ablation") == "a"
         if origin:
-            return super().aggregate(server_round, uploads)
+            return super().aggregate(plan, uploads)
         is_base = [name.startswith("base.") for name in self.array_names]
         return split_average([u.arrays for u in uploads], is_base,
                              [u.num_examples for u in uploads],

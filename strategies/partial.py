@@ -9,9 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from flwr.common import Scalar
 
 from strategies.base import BaseStrategy, Upload
+from strategies.plan import Assignment, RoundPlan
 from strategies.submodel import ParamSpec, extract, group_indices, selective_average
 
 INCOME = {1.0: 0.06, 0.5: 0.10, 0.25: 0.11, 0.125: 0.18, 0.0625: 0.55}  # a6-b10-c11-d18-e55
@@ -40,7 +40,6 @@ class PartialTraining(BaseStrategy):
         super().__init__(**kwargs)
         self.specs = [ParamSpec(tuple(g)) for g in specs]
         self.widths = widths
-        self.index: dict[int, dict[str, np.ndarray]] = {}  # this round's index sets by client
         self.fixed = self._draw(0)
 
     def _draw(self, server_round: int) -> np.ndarray:
@@ -57,20 +56,18 @@ class PartialTraining(BaseStrategy):
             else self._draw(server_round)
         return float(table[partition_id]) / float(self.algo.get("server-scale", 1.0))
 
-    def fit_config(self, server_round: int, partition_id: int) -> dict[str, Scalar]:
-        return {"beta": self.beta(server_round, partition_id)}
-
-    def fit_arrays(self, server_round: int, partition_id: int) -> list[np.ndarray]:
-        rng = np.random.default_rng([self.seed, server_round, partition_id, 405])
-        self.index[partition_id] = group_indices(self.widths, self.scheme,
-                                                 self.beta(server_round, partition_id),
-                                                 server_round - 1, rng)
-        return extract(self.global_arrays, self.specs, self.index[partition_id])
-
-    def expected_upload(self, partition_id: int) -> list[np.ndarray]:
-        if partition_id not in self.index:
-            return []  # not sampled this round: any upload is rejected
-        return extract(self.global_arrays, self.specs, self.index[partition_id])
+    def plan(self, server_round: int, step: int, participants: list[int]) -> RoundPlan:
+        """Each participant's capacity, index sets and sub-model; the index sets travel in the
+        plan to validation (the upload must have the sub-model's shapes) and aggregation."""
+        assignments = []
+        for pid in participants:
+            beta = self.beta(server_round, pid)
+            rng = np.random.default_rng([self.seed, server_round, pid, 405])
+            index = group_indices(self.widths, self.scheme, beta, server_round - 1, rng)
+            sub = extract(self.global_arrays, self.specs, index)
+            assignments.append(Assignment(pid, sub, sub, {"beta": beta},
+                                          facts={"index": index}))
+        return self.make_plan(server_round, step, assignments)
 
     def client_weight(self, upload: Upload) -> float:
         """Seed 004 Table 3.4: `none` (equal, FedRolex's default), `model-size` (the sub-model's
@@ -82,9 +79,10 @@ class PartialTraining(BaseStrategy):
         return {"none": 1.0, "model-size": size, "model-update": updates,
                 "hybrid": size * updates}[scheme]
 
-    def aggregate(self, server_round: int, uploads: list[Upload]) -> list[np.ndarray]:
+    def aggregate(self, plan: RoundPlan, uploads: list[Upload]) -> list[np.ndarray]:
+        index = {a.partition_id: a.facts["index"] for a in plan.assignments}
         return selective_average(self.global_arrays, self.specs,
-                                 [(self.index[u.partition_id], u.arrays, self.client_weight(u))
+                                 [(index[u.partition_id], u.arrays, self.client_weight(u))
                                   for u in uploads])
 
 

@@ -86,6 +86,7 @@ def test_feddyn_strategy_keeps_h_across_rounds():
                algo={"alpha": 0.5})
     res = [FitRes(Status(Code.OK, ""), ndarrays_to_parameters([np.array(v, np.float32)]), 10,
                   {"partition-id": i}) for i, v in enumerate(([1.0, 2.0], [3.0, 6.0]))]
+    s.open_step(1, 0, [0, 1])
     out = parameters_to_ndarrays(s.aggregate_fit(1, [(None, r) for r in res], [])[0])
     np.testing.assert_allclose(out[0], [3.0, 6.0])
     np.testing.assert_allclose(s.h[0], [-0.5, -1.0])

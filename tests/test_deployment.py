@@ -59,7 +59,7 @@ def test_too_few_clients_stop_the_run_with_a_checkpoint(tmp_path):
     assert status != "finished:completed"
     summary = json.loads((out / "results.json").read_text())["summary"]
     assert summary["status"].startswith("stopped: round 2: 1 valid updates of 2 sampled")
-    assert checkpoint.load(out)[0] == 1  # the last completed round, ready for resume
+    assert checkpoint.load(out).round == 1  # the last completed round, ready for resume
 
 
 def test_restarted_supernode_resumes_its_personal_head_from_state_dir(tmp_path):

@@ -172,6 +172,7 @@ def test_strategy_split_and_origin_aggregation(algo, base, head):
     init = [np.zeros(2, np.float32), np.zeros(3, np.float32)]
     s = FedReb(initial_arrays=init, array_names=["base.0.weight", "head.0.weight"],
                num_rounds=1, num_clients=2, clients_per_round=2, seed=0, algo=algo)
+    s.open_step(1, 0, [0, 1])
     params, _ = s.aggregate_fit(1, [(None, fit_res(0, 1.0, 10, 20)),
                                     (None, fit_res(1, 5.0, 30, 5))], [])
     out = parameters_to_ndarrays(params)
@@ -182,6 +183,7 @@ def test_strategy_split_and_origin_aggregation(algo, base, head):
 def test_strategy_rejects_missing_or_bad_n_eff():
     init = [np.zeros(2, np.float32), np.zeros(3, np.float32)]
     s = FedReb(initial_arrays=init, num_rounds=1, num_clients=2, clients_per_round=2, seed=0)
+    s.open_step(1, 0, [0, 1])
     bad = fit_res(0, 1.0, 10, 0)
     assert "n-eff" in s.check_upload(bad)
     bad.metrics.pop("n-eff")

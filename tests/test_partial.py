@@ -30,7 +30,7 @@ def test_sub_model_at_each_beta_trains_with_the_right_shapes(beta):
     full = WidthCNN(1, 10, (32, 64, 128))
     sub = WidthCNN(1, 10, (32, 64, 128), beta)
     s = make(FedRolex, full, algo={"levels": [beta]})
-    arrays = s.fit_arrays(1, 0)
+    arrays = sent(s, 1, [0])[0]
     assert [a.shape for a in arrays] == [tuple(v.shape) for v in sub.state_dict().values()]
     out = sub(torch.randn(4, 1, 28, 28))
     out.sum().backward()
@@ -52,6 +52,12 @@ def make(cls, model, algo=None, n=4):
                specs=model.param_groups(), widths=model.group_widths())
 
 
+def sent(s, rnd, pids):
+    """The sub-models the round's plan sends to `pids` (opening the step, as configure_fit)."""
+    plan = s.open_step(rnd, 0, pids)
+    return [plan.get(p).arrays for p in pids]
+
+
 def upload(pid, arrays):
     return FitRes(Status(Code.OK, ""), ndarrays_to_parameters(arrays), 10, {"partition-id": pid})
 
@@ -59,9 +65,9 @@ def upload(pid, arrays):
 def test_full_capacity_round_trip_is_the_identity():
     model = WidthCNN(1, 10, (8, 16))
     s = make(FedRolex, model, algo={"levels": [1.0]}, n=1)
-    sent = s.fit_arrays(1, 0)
-    assert all(np.array_equal(a, b) for a, b in zip(sent, s.global_arrays, strict=True))
-    trained = [a + 0.5 for a in sent]
+    down = sent(s, 1, [0])[0]
+    assert all(np.array_equal(a, b) for a, b in zip(down, s.global_arrays, strict=True))
+    trained = [a + 0.5 for a in down]
     params, _ = s.aggregate_fit(1, [(None, upload(0, trained))], [])
     out = parameters_to_ndarrays(params)
     assert all(np.allclose(a, b) for a, b in zip(out, trained, strict=True))
@@ -71,7 +77,7 @@ def test_selective_averaging_in_a_round_with_two_capacities():
     model = WidthCNN(1, 10, (8,))
     s = make(HeteroFL, model, algo={"capacity": "rho", "rho": 0.5, "levels": [1.0, 0.25]}, n=2)
     s.beta = lambda rnd, pid: [1.0, 0.25][pid]  # client 0 full, client 1 a quarter
-    big, small = s.fit_arrays(1, 0), s.fit_arrays(1, 1)
+    big, small = sent(s, 1, [0, 1])
     params, _ = s.aggregate_fit(1, [(None, upload(0, [np.full_like(a, 1.0) for a in big])),
                                     (None, upload(1, [np.full_like(a, 3.0) for a in small]))],
                                 [])
@@ -88,7 +94,7 @@ def test_table_3_4_weighting_schemes(weighting, expected_shared):
     model = WidthCNN(1, 10, (8,))
     s = make(HeteroFL, model, algo={"levels": [1.0, 0.25], "weighting": weighting}, n=2)
     s.beta = lambda rnd, pid: [1.0, 0.25][pid]
-    big, small = s.fit_arrays(1, 0), s.fit_arrays(1, 1)
+    big, small = sent(s, 1, [0, 1])
     res = [FitRes(Status(Code.OK, ""), ndarrays_to_parameters([np.full_like(a, v) for a in arrs]),
                   n, {"partition-id": pid})
            for pid, arrs, v, n in ((0, big, 1.0, 10), (1, small, 3.0, 30))]
@@ -106,8 +112,7 @@ def test_the_three_schemes_differ_only_in_the_index_sets():
     idx = {}
     for cls in (FedRolex, HeteroFL, FedDropout):
         s = make(cls, model, algo={"levels": [0.25]})
-        s.fit_arrays(3, 0)
-        idx[cls.__name__] = s.index[0]["w16"].tolist()
+        idx[cls.__name__] = s.plan(3, 0, [0]).get(0).facts["index"]["w16"].tolist()
     assert idx["HeteroFL"] == [0, 1, 2, 3]
     assert idx["FedRolex"] == [2, 3, 4, 5]  # round 3 -> 0-based j = 2
     assert len(set(idx["FedDropout"])) == 4 and idx["FedDropout"] == sorted(idx["FedDropout"])
@@ -128,7 +133,7 @@ def test_preresnet18_sub_models_line_up_with_extraction(beta):
 
     full, sub = PreResNet18(3, 10), PreResNet18(3, 10, beta=beta)
     s = make(FedRolex, full, algo={"levels": [beta]})
-    arrays = s.fit_arrays(7, 0)
+    arrays = sent(s, 7, [0])[0]
     assert [a.shape for a in arrays] == [tuple(v.shape) for v in sub.state_dict().values()]
     from clients.arrays import set_arrays
 

@@ -23,10 +23,15 @@ def cli(*args):
 def test_checkpoint_roundtrip(tmp_path):
     arrays = [np.arange(4, dtype=np.float32), np.ones((2, 2))]
     state = {"h": [np.zeros(3), np.full(2, 7.0)], "x": [np.array([1])]}
-    checkpoint.save(tmp_path, 5, arrays, state)
-    rnd, got, got_state = checkpoint.load(tmp_path)
-    assert rnd == 5 and all(np.array_equal(a, b) for a, b in zip(got, arrays, strict=True))
-    assert list(got_state) == ["h", "x"] and np.array_equal(got_state["h"][1], state["h"][1])
+    checkpoint.save(tmp_path, checkpoint.Snapshot(5, arrays, state))
+    snap = checkpoint.load(tmp_path)
+    assert snap.round == 5 and snap.step is None and snap.completed_rounds == 5
+    assert all(np.array_equal(a, b) for a, b in zip(snap.global_arrays, arrays, strict=True))
+    assert list(snap.state) == ["h", "x"] and np.array_equal(snap.state["h"][1], state["h"][1])
+    # inside a multi-step round: the last completed step and the open round's counters
+    checkpoint.save(tmp_path, checkpoint.Snapshot(6, arrays, state, step=2, open_round="{}"))
+    mid = checkpoint.load(tmp_path)
+    assert (mid.round, mid.step, mid.open_round, mid.completed_rounds) == (6, 2, "{}", 5)
     assert checkpoint.load(tmp_path / "missing") is None
 
 

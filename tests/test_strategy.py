@@ -53,6 +53,7 @@ class FakeManager:
 
 def test_aggregate_fit_is_sample_weighted_fedavg():
     s = make_strategy()
+    s.open_step(1, 0, [0, 1])
     results = [(None, fit_res(0, client_arrays(1.0), n=10)),
                (None, fit_res(1, client_arrays(4.0), n=30))]
     params, _ = s.aggregate_fit(1, results, [])
@@ -66,9 +67,13 @@ def test_aggregation_does_not_depend_on_arrival_order():
     rng = np.random.default_rng(0)
     res = [fit_res(i, [rng.normal(size=(2, 2)).astype(np.float32),
                        rng.normal(size=3).astype(np.float32)], n=i + 5) for i in range(4)]
-    a = parameters_to_ndarrays(make_strategy().aggregate_fit(1, [(None, r) for r in res], [])[0])
-    b = parameters_to_ndarrays(
-        make_strategy().aggregate_fit(1, [(None, r) for r in res[::-1]], [])[0])
+    def run(results):
+        s = make_strategy(clients_per_round=4)
+        s.open_step(1, 0, range(4))
+        return parameters_to_ndarrays(s.aggregate_fit(1, results, [])[0])
+
+    a = run([(None, r) for r in res])
+    b = run([(None, r) for r in res[::-1]])
     assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
 
 
@@ -88,6 +93,7 @@ def test_bad_updates_are_rejected_and_counted(bad, reason):
     s = make_strategy()
     records = []
     s.on_round = records.append
+    s.open_step(1, 0, [0, 1])
     checked = s.check_upload(bad)
     assert isinstance(checked, str) and reason in checked
     good = fit_res(0, client_arrays(2.0), n=10)
@@ -100,6 +106,7 @@ def test_bad_updates_are_rejected_and_counted(bad, reason):
 
 def test_too_few_valid_updates_skip_keeps_the_model():
     s = make_strategy(min_fit_fraction=1.0, on_too_few="skip")
+    s.open_step(1, 0, [1])
     bad = fit_res(1, client_arrays(np.nan))
     params, _ = s.aggregate_fit(1, [(None, bad)], [])
     assert params is None
@@ -110,11 +117,12 @@ def test_too_few_valid_updates_stop_the_run_with_a_reason():
     from strategies.base import TooFewClients
 
     reasons = []
-    s = make_strategy(min_fit_fraction=0.5, on_stop=reasons.append)
-    s.current = None
-    s.round_log(3).fit_clients = [0, 1, 2, 3]
+    s = make_strategy(min_fit_fraction=0.5, on_stop=reasons.append, clients_per_round=4)
+    plan = s.open_step(3, 0, range(6))
+    first = plan.partition_ids[0]
     with pytest.raises(TooFewClients, match="fedapps resume"):
-        s.aggregate_fit(3, [(None, fit_res(0, client_arrays(1.0)))], [RuntimeError("x")] * 3)
+        s.aggregate_fit(3, [(None, fit_res(first, client_arrays(1.0)))],
+                        [RuntimeError("x")] * 3)
     assert reasons == ["round 3: 1 valid updates of 4 sampled clients, 2 needed "
                        "(federation.min-fit-fraction)"]
 
@@ -123,10 +131,10 @@ def test_clients_by_partition_asks_each_node_once_and_samples_by_seed():
     proxies = [FakeProxy(f"node{i}", pid) for i, pid in enumerate([5, 3, 0, 1, 4, 2])]
     s = make_strategy()
     manager = FakeManager(proxies)
-    first = s.clients_by_partition(manager)
+    first = s.nodes.clients_by_partition(manager)
     assert sorted(first) == list(range(6))
     assert first[5].cid == "node0"
-    s.clients_by_partition(manager)
+    s.nodes.clients_by_partition(manager)
     assert all(p.asked == 1 for p in proxies)
     chosen = s.sample(2, list(first))
     assert chosen == make_strategy().sample(2, list(range(6)))  # independent of node order
@@ -190,6 +198,7 @@ def test_round_time_is_split_into_fit_and_eval():
     s = make_strategy()
     records = []
     s.on_round = records.append
+    s.open_step(1, 0, [0])
     s.aggregate_fit(1, [(None, fit_res(0, client_arrays(1.0)))], [])
     s.finish_round(1, {})
     r = records[0]
