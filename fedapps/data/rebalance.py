@@ -8,7 +8,7 @@ the `rebalance` per-client transform (fedapps/data/transforms.py).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -19,7 +19,9 @@ from fedapps.config import ConfigError
 from fedapps.data.params import Param
 
 if TYPE_CHECKING:
-    from fedapps.data import ClientData
+    from omegaconf import DictConfig
+
+    from fedapps.data import ClientData, FederatedData
     from fedapps.data.transforms import TransformContext
 
 THRESHOLDS = ("mean", "median", "max", "secmin")
@@ -86,7 +88,7 @@ def plan(labels: np.ndarray, target: int, rng: np.random.Generator) -> Rebalance
                          np.concatenate(copies) if copies else empty)
 
 
-def augmenter(kind: str, shape: tuple[int, int, int], allow_flip: bool):
+def augmenter(kind: str, shape: tuple[int, ...], allow_flip: bool) -> Callable:
     """The augmentation applied once to each copied uint8 image (DECISIONS, FedReb section)."""
     from torchvision.transforms import v2
 
@@ -148,7 +150,7 @@ def rebalance_arrays(raw: torch.Tensor, labels: np.ndarray, num_classes: int,
     return x, y, meta
 
 
-def build(fd, partition_id: int, dataset: str, scope: str, stat: str, kind: str,
+def build(fd: FederatedData, partition_id: int, dataset: str, scope: str, stat: str, kind: str,
           seed: int) -> Rebalanced:
     """D_r of one client from its train split (`fd` is a fedapps.data.FederatedData); not
     cached (the `rebalance` transform caches)."""
@@ -195,7 +197,8 @@ def transform(ctx: TransformContext, data: ClientData) -> ClientData:
         "target": int(meta[0]), "n_eff": int(meta[1]), "n_augmented": int(meta[2])})
 
 
-def client_data(cfg, fd, partition_id: int, device: str) -> ClientData:
+def client_data(cfg: DictConfig, fd: FederatedData, partition_id: int,
+                device: str) -> ClientData:
     """The client's local tensors plus D_r and n_eff (kept for callers of the first API)."""
     from fedapps.data.transforms import apply_transforms
 
