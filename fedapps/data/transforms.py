@@ -161,12 +161,12 @@ def validate_transform_settings(cfg: DictConfig, required: Sequence[str] = ()) -
                               f"({why})")
 
 
-def _step_key(fd: FederatedData, partition_id: int,
+def _step_key(fd: FederatedData, partition_id: int, seed: int,
               chain: Sequence[tuple[str, dict[str, Any]]]) -> str:
-    """Digest of the partition, this client's indices and the chain up to this step."""
+    """Digest of the partition, this client's indices, the seed and the chain so far."""
     idx = hashlib.sha256(fd.train_idx[partition_id].tobytes()
                          + fd.test_idx[partition_id].tobytes()).hexdigest()[:16]
-    blob = json.dumps({"partition": fd.key, "client": partition_id, "indices": idx,
+    blob = json.dumps({"partition": fd.key, "client": partition_id, "indices": idx, "seed": seed,
                        "chain": [[n, p] for n, p in chain], "version": TRANSFORM_FORMAT},
                       sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
@@ -182,14 +182,15 @@ def apply_transforms(cfg: DictConfig, fd: FederatedData, partition_id: int,
     chain = transform_chain(cfg, required)
     if not chain:
         return fd.client(partition_id, device)
-    spec = tuple((n, tuple(sorted(p.items()))) for n, p in chain)
+    seed = int(cfg.seed)
+    spec = (seed, *((n, tuple(sorted(p.items()))) for n, p in chain))
 
     def run_chain() -> ClientData:
         data = fd.client(partition_id, "cpu")
         for i, (name, params) in enumerate(chain):
             ctx = TransformContext(cfg, fd, partition_id, i, name, params,
-                                   _step_key(fd, partition_id, chain[: i + 1]))
-            data = fd.memo(("transform", partition_id, spec[: i + 1]),
+                                   _step_key(fd, partition_id, seed, chain[: i + 1]))
+            data = fd.memo(("transform", partition_id, spec[: i + 2]),
                            lambda ctx=ctx, data=data: TRANSFORMS[ctx.name].fn(ctx, data))
         return data if device == "cpu" else data.to(device)
 
