@@ -17,7 +17,6 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
-PARTITIONERS = ("dirichlet", "iid", "shards")
 POOLS = ("merged", "official")
 DEVICES = ("auto", "cpu", "cuda")
 WANDB_MODES = ("offline", "online", "disabled")
@@ -150,15 +149,8 @@ def validate(cfg: DictConfig, check_data: bool = True) -> None:
     _integer(cfg, "rounds", 1)
 
     _choice(cfg, "data.pool", POOLS)
-    partitioner = _choice(cfg, "data.partitioner", PARTITIONERS)
-    alpha = _number(cfg, "data.alpha")
-    _require(alpha > 0, "data.alpha", alpha, "must be > 0")
-    num_classes = fdata.DATASETS[dataset].num_classes
-    lpc = _integer(cfg, "data.labels-per-client", 1)
-    if partitioner == "shards":
-        _require(lpc <= num_classes, "data.labels-per-client", lpc,
-                 f"must be <= {num_classes} (classes in {dataset})")
-    _integer(cfg, "data.min-size", 1)
+    fdata.validate_partition_settings(cfg)
+    fdata.validate_transform_settings(cfg, ALGORITHMS[cfg.algorithm].transforms)
     tf = _number(cfg, "data.test-fraction")
     _require(0 < tf < 1, "data.test-fraction", tf, "must be in (0, 1)")
 

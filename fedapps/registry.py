@@ -26,7 +26,7 @@ from clients.fedrod import FedRodClient
 from clients.gpfl import GpflClient
 from clients.partial import PartialClient
 from fedapps.config import ConfigError
-from fedapps.data import DATASETS, FederatedData, rebalance
+from fedapps.data import DATASETS, FederatedData, apply_transforms, rebalance
 from fedapps.models import GpflNet, PreResNet18, WidthCNN
 from fedapps.runtime import make_model
 from strategies.base import BaseStrategy
@@ -38,10 +38,6 @@ from strategies.partial import FedDropout, FedRolex, HeteroFL
 
 def _no_extra_keys(cfg: DictConfig) -> None:
     """Algorithms without algorithm-specific keys need no extra validation."""
-
-
-def _plain_data(cfg: DictConfig, fd: FederatedData, partition_id: int, device: str) -> Any:
-    return fd.client(partition_id, device)
 
 
 def _choices(cfg: DictConfig, allowed: dict[str, tuple[str, ...]]) -> None:
@@ -85,13 +81,18 @@ class Algorithm:
     strategy: type[BaseStrategy]
     client: type[BaseClient]
     validate: Callable[[DictConfig], None] = _no_extra_keys
-    client_data: Callable[[DictConfig, FederatedData, int, str], Any] = _plain_data
+    transforms: tuple[str, ...] = ()  # per-client data transforms it needs, prepended
     model: Callable[[DictConfig], torch.nn.Module] = make_model
     # extra constructor arguments of the strategy (given the global model) and of the client
     strategy_kwargs: Callable[[DictConfig, torch.nn.Module], dict[str, Any]] = \
         lambda cfg, model: {}
     client_kwargs: Callable[[DictConfig], dict[str, Any]] = lambda cfg: {}
     official_test: bool = False  # also evaluate the global model on the official test split
+
+    def client_data(self, cfg: DictConfig, fd: FederatedData, partition_id: int,
+                    device: str) -> Any:
+        """The client's local data after data.transforms (and this algorithm's)."""
+        return apply_transforms(cfg, fd, partition_id, device, self.transforms)
 
 
 def _width_model(cfg: DictConfig, beta: float = 1.0) -> torch.nn.Module:
@@ -131,7 +132,7 @@ def _gpfl_model(cfg: DictConfig) -> torch.nn.Module:
     return GpflNet(net, DATASETS[cfg.dataset].num_classes)
 
 
-FEDREB = Algorithm(FedReb, FedRebClient, _validate_fedreb, rebalance.client_data)
+FEDREB = Algorithm(FedReb, FedRebClient, _validate_fedreb, transforms=("rebalance",))
 
 ALGORITHMS: dict[str, Algorithm] = {
     "fedavg": Algorithm(FedAvg, FedAvgClient),

@@ -1,56 +1,106 @@
 """Federated data: a dataset pool, partitioned once per process and cached on disk.
 
 `federated_data(cfg)` is the one entry point. It loads the pool, partitions it with the seeded
-partitioner, splits every client 75/25 and keeps everything as tensors in memory; the index
-arrays are cached as .npz (allow_pickle=False) so a second process reuses them.
+partitioner of the table in `partition.py`, splits every client 75/25 and keeps everything as
+tensors in memory; the index arrays are cached as .npz (allow_pickle=False) so a second process
+reuses them. `apply_transforms` then derives each client's local data (`transforms.py`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 from omegaconf import DictConfig
 
-from fedapps.config import data_root
-from fedapps.data.datasets import DATASETS, Pool, cache_dir, check_available, load_pool
-from fedapps.data.partition import class_counts, emd, partition_indices, split_train_test
+from fedapps.config import ConfigError, data_root
+from fedapps.data.datasets import (
+    DATASETS,
+    DatasetInfo,
+    Normalizer,
+    Pool,
+    cache_dir,
+    check_available,
+    load_pool,
+)
+from fedapps.data.params import Param, read_params
+from fedapps.data.partition import (
+    PARTITIONERS,
+    Partitioner,
+    PartitionInput,
+    class_counts,
+    emd,
+    run_partitioner,
+    split_train_test,
+)
+from fedapps.data.transforms import (
+    TRANSFORMS,
+    Transform,
+    apply_transforms,
+    validate_transform_settings,
+)
 
 T = TypeVar("T")
 
-__all__ = ["DATASETS", "ClientData", "FederatedData", "check_available", "federated_data"]
+__all__ = ["DATASETS", "PARTITIONERS", "TRANSFORMS", "ClientData", "DatasetInfo",
+           "FederatedData", "Normalizer", "Param", "Partitioner", "Pool", "Transform",
+           "apply_transforms", "check_available", "federated_data", "make_federated",
+           "partition_key", "validate_partition_settings", "validate_transform_settings"]
 
 
 @dataclass(frozen=True)
 class ClientData:
-    """One client's local data as normalized float tensors."""
+    """One client's local data as model tensors, plus what transforms add (`extras`).
+
+    Extras read as attributes (`data.x_reb`, `data.n_eff`), so a client asks for what its
+    algorithm's transforms provide without a subclass per combination."""
 
     x_train: torch.Tensor
     y_train: torch.Tensor
     x_test: torch.Tensor
     y_test: torch.Tensor
+    extras: Mapping[str, Any] = field(default_factory=dict)
+
+    def __getattr__(self, name: str) -> Any:  # only reached when normal lookup fails
+        extras = self.__dict__.get("extras") or {}
+        if name in extras:
+            return extras[name]
+        raise AttributeError(f"{type(self).__name__} has no attribute or extra {name!r}")
+
+    def replace(self, **changes: Any) -> ClientData:
+        """A copy with some of x/y train/test replaced and `extras` merged in."""
+        extras = {**self.extras, **changes.pop("extras", {})}
+        return dataclasses.replace(self, **changes, extras=extras)
+
+    def to(self, device: str) -> ClientData:
+        """Every tensor (extras too) on `device`."""
+        def move(v: Any) -> Any:
+            return v.to(device) if isinstance(v, torch.Tensor) else v
+        return ClientData(move(self.x_train), move(self.y_train), move(self.x_test),
+                          move(self.y_test), {k: move(v) for k, v in self.extras.items()})
 
 
 @dataclass
 class FederatedData:
     pool: Pool
-    mean: torch.Tensor  # per-channel, on the [0, 1] scale
-    std: torch.Tensor
+    norm: Normalizer
     train_idx: list[np.ndarray]
     test_idx: list[np.ndarray]
+    key: dict = field(default_factory=dict)  # the partition key (names transform caches)
     _clients: dict[tuple[int, str], ClientData] = field(default_factory=dict, repr=False)
     _memo: dict[tuple, object] = field(default_factory=dict, repr=False)
 
     def memo(self, key: tuple, make: Callable[[], T]) -> T:
-        """Per-process cache for data derived from this partition (e.g. rebalanced sets)."""
+        """Per-process cache for data derived from this partition (e.g. transformed sets)."""
         if key not in self._memo:
             self._memo[key] = make()
         return self._memo[key]  # type: ignore[return-value]
@@ -59,9 +109,22 @@ class FederatedData:
     def num_clients(self) -> int:
         return len(self.train_idx)
 
-    def normalize(self, x_uint8: torch.Tensor) -> torch.Tensor:
-        x = x_uint8.float().div_(255.0)
-        return (x - self.mean.view(1, -1, 1, 1)) / self.std.view(1, -1, 1, 1)
+    @property
+    def num_classes(self) -> int | None:
+        return self.pool.num_classes
+
+    @property
+    def mean(self) -> torch.Tensor | None:
+        """Input normalization mean (per channel for images, on the [0, 1] scale)."""
+        return self.norm.mean
+
+    @property
+    def std(self) -> torch.Tensor | None:
+        return self.norm.std
+
+    def normalize(self, x: torch.Tensor) -> torch.Tensor:
+        """Model inputs from raw pool samples (uint8 images, float series, token ids)."""
+        return self.norm.inputs(x)
 
     def client(self, partition_id: int, device: str = "cpu") -> ClientData:
         """A client's normalized tensors on `device`, built once per process."""
@@ -69,84 +132,136 @@ class FederatedData:
         if key not in self._clients:
             tr, te = self.train_idx[partition_id], self.test_idx[partition_id]
             x, y = self.pool.x, self.pool.y
-            tensors = (self.normalize(x[tr]), y[tr], self.normalize(x[te]), y[te])
+            targets = self.norm.targets
+            tensors = (self.normalize(x[tr]), targets(y[tr]), self.normalize(x[te]),
+                       targets(y[te]))
             self._clients[key] = ClientData(*(t.to(device) for t in tensors))
         return self._clients[key]
 
     def official_test(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The dataset's official test split (for model-heterogeneous methods)."""
         n = self.pool.num_train
-        return self.normalize(self.pool.x[n:]), self.pool.y[n:]
+        return self.normalize(self.pool.x[n:]), self.norm.targets(self.pool.y[n:])
 
     def counts(self, split: str = "all") -> np.ndarray:
         """[clients, classes] label counts of the train, test or whole local data."""
-        labels = self.pool.y.numpy()
+        labels = self.pool.labels()
+        if labels is None or self.pool.num_classes is None:
+            raise ValueError("class counts need a classification dataset")
         parts = {"train": self.train_idx, "test": self.test_idx,
                  "all": [np.concatenate([a, b]) for a, b in zip(self.train_idx, self.test_idx,
                                                                  strict=True)]}[split]
         return class_counts(parts, labels, self.pool.num_classes)
 
     def summary(self) -> dict:
-        """Partition facts recorded in results.json."""
+        """Partition facts recorded in results.json (regression: sizes, target scale)."""
+        sizes = {"train_sizes": [len(t) for t in self.train_idx],
+                 "test_sizes": [len(t) for t in self.test_idx]}
+        if self.pool.labels() is None:
+            total = [a + b for a, b in zip(sizes["train_sizes"], sizes["test_sizes"],
+                                           strict=True)]
+            assert self.norm.target_mean is not None and self.norm.target_std is not None
+            return {"emd": None, "min_client_samples": min(total),
+                    "max_client_samples": max(total),
+                    "target_mean": self.norm.target_mean.tolist(),
+                    "target_std": self.norm.target_std.tolist(), **sizes}
         counts = self.counts("all")
         return {
             "emd": emd(counts),
             "min_client_samples": int(counts.sum(axis=1).min()),
             "max_client_samples": int(counts.sum(axis=1).max()),
             "class_counts": counts.tolist(),
-            "train_sizes": [len(t) for t in self.train_idx],
-            "test_sizes": [len(t) for t in self.test_idx],
+            **sizes,
         }
 
 
-def _partition_key(cfg: DictConfig) -> dict:
+PARTITION_FORMAT = 2  # bump when the index files or the split change meaning
+
+
+def partition_key(cfg: DictConfig) -> dict:
+    """Everything that determines the index arrays, derived from the partitioner table: its
+    name and every one of its parameters (and no other partitioner's), the dataset, pool,
+    test fraction, number of clients, seed and the format version."""
+    name = str(cfg.data.partitioner)
+    if name not in PARTITIONERS:
+        raise ConfigError(f"data.partitioner={name!r}: allowed: {', '.join(PARTITIONERS)}")
     d = cfg.data
     return {
-        "dataset": cfg.dataset, "pool": d.pool, "partitioner": d.partitioner,
-        "alpha": float(d.alpha) if d.partitioner == "dirichlet" else None,
-        "labels_per_client": int(d["labels-per-client"]) if d.partitioner == "shards" else None,
-        "min_size": int(d["min-size"]) if d.partitioner == "dirichlet" else None,
+        "dataset": str(cfg.dataset), "pool": str(d.pool), "partitioner": name,
+        "params": read_params(cfg, PARTITIONERS[name].params),
         "test_fraction": float(d["test-fraction"]),
-        "num_clients": int(cfg.federation["num-clients"]), "seed": int(cfg.seed), "version": 1,
+        "num_clients": int(cfg.federation["num-clients"]), "seed": int(cfg.seed),
+        "version": PARTITION_FORMAT,
     }
 
 
-def _partition(pool: Pool, key: dict) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    path = cache_dir() / "partitions" / f"{key['dataset']}-{digest}.npz"
-    if path.is_file():
+def key_digest(key: dict) -> str:
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _partition(pool: Pool, key: dict, cache: bool = True
+               ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    path = cache_dir() / "partitions" / f"{key['dataset']}-{key_digest(key)}.npz"
+    k = key["num_clients"]
+    if cache and path.is_file():
         with np.load(path, allow_pickle=False) as z:
-            k = key["num_clients"]
             return [z[f"train{i}"] for i in range(k)], [z[f"test{i}"] for i in range(k)]
-    labels = pool.y.numpy()
-    candidates = labels if key["pool"] == "merged" else labels[: pool.num_train]
-    parts = partition_indices(
-        candidates, key["num_clients"], key["partitioner"], key["seed"],
-        alpha=key["alpha"] or 0.1, labels_per_client=key["labels_per_client"] or 2,
-        min_size=key["min_size"] or 1)
+    labels = pool.labels()
+    n = len(pool) if key["pool"] == "merged" else pool.num_train
+    ids = pool.client_ids
+    data = PartitionInput(n, labels=None if labels is None else labels[:n],
+                          client_ids=None if ids is None else np.asarray(ids)[:n],
+                          num_classes=pool.num_classes)
+    parts = run_partitioner(key["partitioner"], data, k, key["seed"], key["params"])
     rng = np.random.default_rng([key["seed"], 75])
-    splits = [split_train_test(p, labels, key["test_fraction"], rng) for p in parts]
+    strata = labels if labels is not None else np.zeros(len(pool), np.int64)  # regression: plain
+    splits = [split_train_test(p, strata, key["test_fraction"], rng) for p in parts]
     train, test = [s[0] for s in splits], [s[1] for s in splits]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp.npz")
-    np.savez(tmp, **{f"train{i}": t for i, t in enumerate(train)},
-             **{f"test{i}": t for i, t in enumerate(test)})
-    tmp.replace(path)
+    if cache:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp.npz")
+        np.savez(tmp, **{f"train{i}": t for i, t in enumerate(train)},
+                 **{f"test{i}": t for i, t in enumerate(test)})
+        tmp.replace(path)
     return train, test
+
+
+def make_federated(pool: Pool, key: dict, cache: bool = True) -> FederatedData:
+    """Partition an in-memory pool by a `partition_key` (index files cached on disk)."""
+    train, test = _partition(pool, key, cache)
+    return FederatedData(pool, Normalizer.fit(pool), train, test, key)
 
 
 @lru_cache(maxsize=4)
 def _cached(root: str, download: bool, key_json: str) -> FederatedData:
     key = json.loads(key_json)
-    pool = load_pool(key["dataset"], Path(root), download)
-    train, test = _partition(pool, key)
-    x = pool.x.float().div_(255.0)
-    mean = x.mean(dim=(0, 2, 3))
-    std = x.std(dim=(0, 2, 3)).clamp_min(1e-6)
-    return FederatedData(pool, mean, std, train, test)
+    return make_federated(load_pool(key["dataset"], Path(root), download), key)
 
 
 def federated_data(cfg: DictConfig) -> FederatedData:
     """The partitioned dataset of this config; loaded once per process."""
-    key_json = json.dumps(_partition_key(cfg), sort_keys=True)
+    key_json = json.dumps(partition_key(cfg), sort_keys=True)
     return _cached(str(data_root(cfg)), bool(cfg.data.download), key_json)
+
+
+def validate_partition_settings(cfg: DictConfig) -> None:
+    """Check data.partitioner and every partitioner parameter from the table (one-line
+    ConfigError naming the key); dataset-dependent rules only for the chosen partitioner."""
+    name = cfg.data.partitioner
+    if name not in PARTITIONERS:
+        raise ConfigError(f"data.partitioner={name!r}: allowed: {', '.join(PARTITIONERS)}")
+    for part in PARTITIONERS.values():  # every declared key, so a bad value never hides
+        read_params(cfg, part.params)
+    part = PARTITIONERS[name]
+    info = DATASETS.get(str(cfg.dataset))
+    if info is None:
+        return
+    if part.needs_labels and info.task != "classification":
+        raise ConfigError(f"data.partitioner={name!r}: needs class labels; dataset "
+                          f"{cfg.dataset} is {info.task}")
+    if part.needs_client_ids and not info.has_client_ids:
+        raise ConfigError(f"data.partitioner={name!r}: dataset {cfg.dataset} has no natural "
+                          "client ids")
+    if part.check is not None:
+        part.check(read_params(cfg, part.params), info.num_classes)
+

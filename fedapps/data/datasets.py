@@ -1,7 +1,11 @@
-"""Dataset pools: every dataset becomes one in-memory uint8 tensor of images plus int64 labels.
+"""Dataset pools: every source becomes one in-memory tensor of inputs plus targets.
 
-Loading goes through torchvision (MNIST, FashionMNIST, EMNIST, CIFAR) or scikit-learn (the
-embedded 8x8 digits). Nothing is downloaded unless the config says `data.download: true`.
+Images are uint8 NCHW with int64 labels; other sources (time series, Wi-Fi CSI, spectrograms,
+tabular, token ids) hold float or integer inputs of their own shape, a task (classification or
+regression), a normalization and optionally a natural client id per sample. Built-in loading goes
+through torchvision (MNIST, FashionMNIST, EMNIST, CIFAR) or scikit-learn (the embedded 8x8
+digits); a new source is a `DatasetInfo` with a `loader`. Nothing is downloaded unless the config
+says `data.download: true`.
 The `.gz`-only copies in shared/data are unpacked once into the user cache, because
 torchvision's `download=False` only accepts unpacked files and the data root may be read-only.
 """
@@ -20,23 +24,125 @@ import torch
 
 from fedapps.config import ConfigError
 
+TASKS = ("classification", "regression")
+# image: uint8 [N, C, H, W] scaled to [0, 1], per-channel mean/std over the whole pool (as the
+#   seeds' pipelines did); channel: float [N, C, ...], per-channel (axis 1) mean/std of the
+#   official train split; feature: float, every feature element standardized with train-split
+#   statistics; none: passed through unchanged (token ids, pre-normalized data).
+NORMALIZATIONS = ("image", "channel", "feature", "none")
+
 
 @dataclass(frozen=True)
 class Pool:
-    """All images of a dataset: official train first, then official test."""
+    """All samples of a dataset: official train first, then official test."""
 
-    x: torch.Tensor  # uint8 [N, C, H, W]
-    y: torch.Tensor  # int64 [N]
+    x: torch.Tensor  # uint8 [N, C, H, W] images, float32 [N, *input_shape], or int64 token ids
+    y: torch.Tensor  # int64 labels [N] (classification) or float32 targets [N] / [N, d]
     num_train: int  # the first num_train samples are the official train split
-    num_classes: int
+    num_classes: int | None  # None for regression
+    task: str = "classification"
+    normalization: str = "image"
+    client_ids: np.ndarray | None = None  # natural client id per sample (subject, home, ...)
+
+    def __post_init__(self) -> None:
+        if self.task not in TASKS:
+            raise ValueError(f"task {self.task!r}: allowed: {', '.join(TASKS)}")
+        if self.normalization not in NORMALIZATIONS:
+            raise ValueError(f"normalization {self.normalization!r}: allowed: "
+                             f"{', '.join(NORMALIZATIONS)}")
+        if len(self.x) != len(self.y) or not 0 < self.num_train <= len(self.y):
+            raise ValueError(f"pool: {len(self.x)} inputs, {len(self.y)} targets, "
+                             f"num_train {self.num_train}")
+        if self.client_ids is not None and len(self.client_ids) != len(self.y):
+            raise ValueError(f"pool: {len(self.client_ids)} client ids for {len(self.y)} samples")
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(self.x.shape[1:])
+
+    def labels(self) -> np.ndarray | None:
+        """Class labels for label-based partitioners and stratified splits (None: regression)."""
+        return self.y.numpy() if self.task == "classification" else None
+
+
+@dataclass(frozen=True)
+class Normalizer:
+    """How a pool's inputs and targets become model tensors; statistics fitted once per pool.
+
+    Regression targets are standardized with official-train statistics; `target_mean` and
+    `target_std` are kept so predictions and errors can be converted back to the data's units."""
+
+    kind: str
+    mean: torch.Tensor | None = None
+    std: torch.Tensor | None = None
+    target_mean: torch.Tensor | None = None
+    target_std: torch.Tensor | None = None
+
+    @staticmethod
+    def fit(pool: Pool) -> Normalizer:
+        kind, x = pool.normalization, pool.x
+        mean = std = None
+        if kind == "image":  # legacy: over the whole pool, on the [0, 1] scale
+            xf = x.float().div_(255.0)
+            mean = xf.mean(dim=(0, 2, 3))
+            std = xf.std(dim=(0, 2, 3)).clamp_min(1e-6)
+        elif kind in ("channel", "feature"):
+            train = x[: pool.num_train].float()
+            dims = (0,) if kind == "feature" else (0, *range(2, train.dim()))
+            mean = train.mean(dim=dims)
+            std = train.std(dim=dims).clamp_min(1e-6)
+        t_mean = t_std = None
+        if pool.task == "regression":
+            train_y = pool.y[: pool.num_train].float()
+            t_mean, t_std = train_y.mean(dim=0), train_y.std(dim=0).clamp_min(1e-6)
+        return Normalizer(kind, mean, std, t_mean, t_std)
+
+    def _view(self, t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        if self.kind == "feature":
+            return t.unsqueeze(0)
+        return t.view(1, -1, *([1] * (x.dim() - 2)))
+
+    def inputs(self, x: torch.Tensor) -> torch.Tensor:
+        """Model inputs from raw pool samples (any leading count)."""
+        if self.kind == "none":
+            return x
+        assert self.mean is not None and self.std is not None
+        xf = x.float().div_(255.0) if self.kind == "image" else x.float()
+        return (xf - self._view(self.mean, xf)) / self._view(self.std, xf)
+
+    def targets(self, y: torch.Tensor) -> torch.Tensor:
+        """Training targets: labels unchanged, regression targets standardized."""
+        if self.target_mean is None or self.target_std is None:
+            return y
+        return (y.float() - self.target_mean) / self.target_std
+
+    def targets_back(self, y: torch.Tensor) -> torch.Tensor:
+        """Standardized regression targets (or predictions) in the data's own units."""
+        if self.target_mean is None or self.target_std is None:
+            return y
+        return y * self.target_std.to(y.device) + self.target_mean.to(y.device)
 
 
 @dataclass(frozen=True)
 class DatasetInfo:
-    num_classes: int
-    shape: tuple[int, int, int]
-    folder: str  # torchvision folder under the data root ("" for embedded data)
-    raw_files: tuple[str, ...]  # files torchvision reads from <root>/<folder>/raw (unpacked names)
+    """What the config layer and models need to know about a source before loading it."""
+
+    num_classes: int | None  # None for regression (models then output `targets` values)
+    shape: tuple[int, ...]  # input shape of one sample (`input_shape`)
+    folder: str = ""  # torchvision folder under the data root ("" for embedded/custom data)
+    raw_files: tuple[str, ...] = ()  # files torchvision reads from <root>/<folder>/raw
+    task: str = "classification"
+    normalization: str = "image"
+    has_client_ids: bool = False  # the source gives every sample a natural client id
+    # custom sources: (data root, download allowed) -> Pool; None = the built-in loaders
+    loader: Callable[[Path, bool], Pool] | None = None
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return self.shape
 
 
 DATASETS: dict[str, DatasetInfo] = {
@@ -90,7 +196,7 @@ def _unpack_gz(src: Path, dst: Path) -> None:
 def resolve_root(name: str, root: Path) -> Path | None:
     """A torchvision root that holds `name` unpacked, unpacking `.gz` copies into the cache."""
     info = DATASETS[name]
-    if not info.folder:
+    if not info.folder or info.loader is not None:
         return root
     raw = _raw_dir(name, root)
     if _has_files(raw, info.raw_files):
@@ -109,7 +215,7 @@ def resolve_root(name: str, root: Path) -> Path | None:
 def check_available(name: str, root: Path, download: bool) -> None:
     """Raise a one-line ConfigError when the dataset is missing and may not be downloaded."""
     info = DATASETS[name]
-    if not info.folder or download:
+    if not info.folder or download or info.loader is not None:
         return
     raw = _raw_dir(name, root)
     if _has_files(raw, info.raw_files) or _has_files(raw, info.raw_files, ".gz"):
@@ -152,6 +258,14 @@ def _torchvision(name: str, root: Path, download: bool) -> tuple[np.ndarray, np.
 def load_pool(name: str, root: Path, download: bool = False) -> Pool:
     """Load a whole dataset into memory (official train first, then official test)."""
     info = DATASETS[name]
+    if info.loader is not None:
+        pool = info.loader(root, download)
+        if pool.input_shape != tuple(info.shape) or pool.task != info.task \
+                or pool.normalization != info.normalization:
+            raise ValueError(f"dataset {name}: loader gave {pool.task}/{pool.normalization} "
+                             f"samples of shape {pool.input_shape}, expected {info.task}/"
+                             f"{info.normalization} {tuple(info.shape)}")
+        return pool
     if name == "digits":
         x, y = _digits()
         num_train = DIGITS_NUM_TRAIN

@@ -2,16 +2,27 @@
 
 Every class a client holds is resized to one target count Q: classes with n >= Q keep Q samples
 drawn without replacement; classes with 0 < n < Q keep all n and gain Q - n augmented copies of
-randomly chosen originals; absent classes stay absent. Built once per client from the seed.
+randomly chosen originals; absent classes stay absent. Built once per client from the seed, as
+the `rebalance` per-client transform (fedapps/data/transforms.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+
+from fedapps.config import ConfigError
+from fedapps.data.params import Param
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+    from fedapps.data import ClientData, FederatedData
+    from fedapps.data.transforms import TransformContext
 
 THRESHOLDS = ("mean", "median", "max", "secmin")
 SCOPES = ("client", "global")
@@ -77,7 +88,7 @@ def plan(labels: np.ndarray, target: int, rng: np.random.Generator) -> Rebalance
                          np.concatenate(copies) if copies else empty)
 
 
-def augmenter(kind: str, shape: tuple[int, int, int], allow_flip: bool):
+def augmenter(kind: str, shape: tuple[int, ...], allow_flip: bool) -> Callable:
     """The augmentation applied once to each copied uint8 image (DECISIONS, FedReb section)."""
     from torchvision.transforms import v2
 
@@ -119,72 +130,76 @@ class Rebalanced:
     n_augmented: int
 
 
-def build(fd, partition_id: int, dataset: str, scope: str, stat: str, kind: str,
-          seed: int) -> Rebalanced:
-    """D_r of one client from its train split (`fd` is a fedapps.data.FederatedData).
-
-    The uint8 images are cached on disk (allow_pickle=False), so a process that handles one
-    message (a real SuperNode starts one per message) does not augment again."""
-    import hashlib
-    import json
-    import os
-
-    from fedapps.data.datasets import cache_dir
-
-    idx = fd.train_idx[partition_id]
-    key = json.dumps([dataset, scope, stat, kind, seed, partition_id,
-                      hashlib.sha256(idx.tobytes()).hexdigest()[:16], 1])
-    path = (cache_dir() / "rebalanced" /
-            f"{dataset}-{hashlib.sha256(key.encode()).hexdigest()[:20]}.npz")
-    if path.is_file():
-        with np.load(path, allow_pickle=False) as z:
-            x, y, meta = torch.from_numpy(z["x"]), torch.from_numpy(z["y"]), z["meta"]
-        return Rebalanced(fd.normalize(x), y, int(meta[0]), int(meta[1]), int(meta[2]))
-    labels = fd.pool.y[idx].numpy()
-    counts = np.bincount(labels, minlength=fd.pool.num_classes)
+def rebalance_arrays(raw: torch.Tensor, labels: np.ndarray, num_classes: int,
+                     train_sizes: Sequence[int], scope: str, stat: str, kind: str,
+                     allow_flip: bool, seed: int, partition_id: int
+                     ) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
+    """uint8 images and labels of D_r from a client's raw train images and labels, with
+    meta = [target, n_eff, n_augmented]. Seeds as in the first release, so sets never change."""
+    counts = np.bincount(labels, minlength=num_classes)
     if scope == "global":
-        target = global_target([len(t) for t in fd.train_idx], counts, stat)
+        target = global_target(list(train_sizes), counts, stat)
     else:
         target = client_target(counts, stat)
     rng = np.random.default_rng([seed, partition_id, 31])
     p = plan(labels, target, rng)
-    raw = fd.pool.x[idx]
-    copies = augment(raw[p.to_augment], kind, dataset not in NO_FLIP_DATASETS,
-                     seed=seed * 100_003 + partition_id)
+    copies = augment(raw[p.to_augment], kind, allow_flip, seed=seed * 100_003 + partition_id)
     x = torch.cat([raw[p.originals], copies])
-    y = torch.from_numpy(np.concatenate([labels[p.originals], labels[p.to_augment]]))
+    y = np.concatenate([labels[p.originals], labels[p.to_augment]])
     meta = np.array([target, effective_samples(counts, target), len(p.to_augment)])
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.npz")
-    np.savez(tmp, x=x.numpy(), y=y.numpy(), meta=meta)
-    tmp.replace(path)
-    return Rebalanced(fd.normalize(x), y, int(meta[0]), int(meta[1]), int(meta[2]))
+    return x, y, meta
 
 
-def client_data(cfg, fd, partition_id: int, device: str):
-    """The client's local tensors plus D_r and n_eff, built once per process."""
-    from fedapps.data import ClientData
-
-    a = cfg.algo
-    key = ("rebalanced", partition_id, a.scope, a.threshold, a.augmentation, device)
-
-    def make() -> RebalancedClientData:
-        local: ClientData = fd.client(partition_id, device)
-        reb = build(fd, partition_id, cfg.dataset, a.scope, a.threshold, a.augmentation,
-                    int(cfg.seed))
-        return RebalancedClientData(local.x_train, local.y_train, local.x_test, local.y_test,
-                                    reb.x.to(device), reb.y.to(device), reb.n_eff, reb.target)
-
-    return fd.memo(key, make)
+def build(fd: FederatedData, partition_id: int, dataset: str, scope: str, stat: str, kind: str,
+          seed: int) -> Rebalanced:
+    """D_r of one client from its train split (`fd` is a fedapps.data.FederatedData); not
+    cached (the `rebalance` transform caches)."""
+    idx = fd.train_idx[partition_id]
+    x, y, meta = rebalance_arrays(
+        fd.pool.x[idx], fd.pool.y[idx].numpy(), int(fd.pool.num_classes),
+        [len(t) for t in fd.train_idx], scope, stat, kind, dataset not in NO_FLIP_DATASETS,
+        seed, partition_id)
+    return Rebalanced(fd.normalize(x), torch.from_numpy(y), int(meta[0]), int(meta[1]),
+                      int(meta[2]))
 
 
-@dataclass(frozen=True)
-class RebalancedClientData:
-    x_train: torch.Tensor
-    y_train: torch.Tensor
-    x_test: torch.Tensor
-    y_test: torch.Tensor
-    x_reb: torch.Tensor
-    y_reb: torch.Tensor
-    n_eff: int
-    target: int
+PARAMS = (
+    Param("scope", "algo.scope", str, "client", choices=SCOPES),
+    Param("threshold", "algo.threshold", str, "mean", choices=THRESHOLDS),
+    Param("augmentation", "algo.augmentation", str, "simple", choices=AUGMENTATIONS),
+)
+
+
+def transform(ctx: TransformContext, data: ClientData) -> ClientData:
+    """The `rebalance` transform: adds x_reb, y_reb (D_r, normalized), n_eff, target and
+    n_augmented to the client's data. Its keys stay algo.scope/threshold/augmentation so the
+    FedReb/FedReG presets are unchanged; the labels are the current train labels (a transform
+    listed before it, e.g. label-noise, is honoured), the images the client's raw pool images,
+    so earlier transforms must keep the train rows. uint8 D_r is cached on disk."""
+    fd, pid, prm = ctx.fd, ctx.partition_id, ctx.params
+    idx = fd.train_idx[pid]
+    if len(data.y_train) != len(idx):
+        raise ConfigError("data.transforms: rebalance must come before transforms that change "
+                          "the number of train samples")
+    labels = data.y_train.cpu().numpy()
+
+    def make() -> dict[str, np.ndarray]:
+        x, y, meta = rebalance_arrays(
+            fd.pool.x[idx], labels, int(fd.pool.num_classes), [len(t) for t in fd.train_idx],
+            prm["scope"], prm["threshold"], prm["augmentation"],
+            str(ctx.cfg.dataset) not in NO_FLIP_DATASETS, ctx.seed, pid)
+        return {"x": x.numpy(), "y": y, "meta": meta}
+
+    z = ctx.disk_cache(make)
+    meta = z["meta"]
+    return data.replace(extras={
+        "x_reb": fd.normalize(torch.from_numpy(z["x"])), "y_reb": torch.from_numpy(z["y"]),
+        "target": int(meta[0]), "n_eff": int(meta[1]), "n_augmented": int(meta[2])})
+
+
+def client_data(cfg: DictConfig, fd: FederatedData, partition_id: int,
+                device: str) -> ClientData:
+    """The client's local tensors plus D_r and n_eff (kept for callers of the first API)."""
+    from fedapps.data.transforms import apply_transforms
+
+    return apply_transforms(cfg, fd, partition_id, device, required=("rebalance",))
