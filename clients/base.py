@@ -23,6 +23,7 @@ from torch import nn
 
 from clients.arrays import get_arrays, set_arrays
 from fedapps.evaluation import evaluate_sums
+from fedapps.settings import AlgoSettings
 from fedapps.tasks import TASKS, Task
 from strategies.plan import CROSS_EVALUATE, TRAIN
 
@@ -64,7 +65,7 @@ class BaseClient(NumPyClient):
         settings: TrainSettings,
         partition_id: int,
         context: Context | None = None,
-        algo: dict[str, Any] | None = None,
+        algo: AlgoSettings | None = None,
         device: str = "cpu",
         state_dir: Path | None = None,
         task: Task | None = None,
@@ -76,7 +77,7 @@ class BaseClient(NumPyClient):
         self.partition_id = partition_id
         self.state: RecordDict = context.state if context is not None else RecordDict()
         self.state_dir = state_dir  # where save_state also writes, so a restarted node resumes
-        self.algo = algo if algo is not None else {}
+        self.algo = algo if algo is not None else AlgoSettings()  # typed algo.* keys
         self.task = task or TASKS["classification"]  # the dataset's: loss and reported sums
         self.generator = torch.Generator()
         self.server_round = 0
@@ -166,7 +167,7 @@ class BaseClient(NumPyClient):
     def upload(self) -> list[np.ndarray]:
         """Arrays sent to the server: the model's state entries under `algo.shared-prefix`
         (default '': the whole model)."""
-        return get_arrays(self.model, str(self.algo.get("shared-prefix", "")))
+        return get_arrays(self.model, self.algo.upload_prefix)
 
     def num_train_examples(self) -> int:
         return len(self.data.y_train)

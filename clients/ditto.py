@@ -8,17 +8,27 @@ FedAvg and is uploaded. G uses the global model, P the personal one.
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from clients.arrays import get_arrays, set_arrays
 from clients.base import BaseClient
+from fedapps.settings import AlgoSettings, setting
 
 STATE = "ditto-personal"
 
 
+@dataclass(frozen=True)
+class DittoSettings(AlgoSettings):
+    lambda_: float = setting(0.1, ge=0)  # YAML `lambda`: pull of v towards the global model
+    personal_epochs: int = setting(5, ge=1)
+
+
 class DittoClient(BaseClient):
+    algo: DittoSettings
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.personal = copy.deepcopy(self.model)  # the initial model until first trained
@@ -27,7 +37,7 @@ class DittoClient(BaseClient):
             set_arrays(self.personal, saved)
 
     def train_personal(self, w_global: list[torch.Tensor], epochs: int) -> float:
-        lam = float(self.algo.get("lambda", 0.1))
+        lam = self.algo.lambda_
 
         def loss(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
             return self.task.loss(self.personal(x), y) + lam / 2 * self.proximal(
@@ -40,7 +50,7 @@ class DittoClient(BaseClient):
 
     def local_train(self, config: dict[str, Any]) -> dict[str, Any]:
         personal_loss = self.train_personal(self.snapshot(self.model),
-                                            int(self.algo.get("personal-epochs", 5)))
+                                            self.algo.personal_epochs)
         loss = self.sgd_epochs(self.model.parameters(), self.task_loss(self.model),
                                self.settings.local_epochs)
         return {"train-loss": loss, "personal-loss": personal_loss}

@@ -5,14 +5,22 @@ for `finetune-epochs` (10) on the local train split (the copy is not kept, DECIS
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from clients.base import BaseClient
+from fedapps.settings import SharedPrefixSettings, setting
+
+
+@dataclass(frozen=True)
+class FedBabuSettings(SharedPrefixSettings):
+    finetune_epochs: int = setting(10, ge=1)  # head copy fine-tuned before personal evaluation
 
 
 class FedBabuClient(BaseClient):
+    algo: FedBabuSettings
     _tuned: torch.nn.Module | None = None  # fine-tuned head of the current evaluation
     def local_train(self, config: dict[str, Any]) -> dict[str, Any]:
         loss = self.sgd_epochs(self.model.base.parameters(), self.task_loss(self.model),
@@ -27,7 +35,7 @@ class FedBabuClient(BaseClient):
         with torch.enable_grad():
             head.train()
             self.sgd_epochs(head.parameters(), self.task_loss(head),
-                            int(self.algo.get("finetune-epochs", 10)), x=z,
+                            self.algo.finetune_epochs, x=z,
                             y=self.data.y_train)
         head.eval()
         return head

@@ -7,19 +7,28 @@ g_k <- g_k - alpha (w_k - w_global).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
 from clients.base import BaseClient
+from fedapps.settings import AlgoSettings, setting
 
 STATE = "feddyn-grad"
 
 
+@dataclass(frozen=True)
+class FedDynSettings(AlgoSettings):
+    alpha: float = setting(0.01, gt=0)  # regularizer weight (client objective and server h)
+
+
 class FedDynClient(BaseClient):
+    algo: FedDynSettings
+
     def local_train(self, config: dict[str, Any]) -> dict[str, Any]:
-        alpha = float(self.algo.get("alpha", 0.01))
+        alpha = self.algo.alpha
         w_global = self.snapshot(self.model)
         saved = self.load_state(STATE)
         grads = ([torch.from_numpy(g).to(self.device) for g in saved] if saved is not None

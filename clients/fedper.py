@@ -8,9 +8,16 @@ aggregated head: P = global base + own head.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from clients.personal import PersonalHeadClient
+from fedapps.settings import SharedPrefixSettings
+
+
+@dataclass(frozen=True)
+class FedPerSettings(SharedPrefixSettings):
+    """Only `shared-prefix` (see SharedPrefixSettings)."""
 
 
 class FedPerClient(PersonalHeadClient):

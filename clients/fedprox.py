@@ -2,16 +2,25 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from clients.base import BaseClient
+from fedapps.settings import AlgoSettings, setting
+
+
+@dataclass(frozen=True)
+class FedProxSettings(AlgoSettings):
+    mu: float = setting(0.001, ge=0)  # weight of the proximal term
 
 
 class FedProxClient(BaseClient):
+    algo: FedProxSettings
+
     def local_train(self, config: dict[str, Any]) -> dict[str, Any]:
-        mu = float(self.algo.get("mu", 0.001))
+        mu = self.algo.mu
         w_global = self.snapshot(self.model)
 
         def loss(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

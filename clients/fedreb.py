@@ -10,6 +10,7 @@ Each stage has its own SGD optimizer, rebuilt every round, so no momentum leaks 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
@@ -17,6 +18,21 @@ from torch.nn import functional as F
 
 from clients.base import LocalData
 from clients.personal import PersonalHeadClient
+from fedapps.data.rebalance import AUGMENTATIONS, SCOPES, THRESHOLDS
+from fedapps.settings import AlgoSettings, setting
+
+
+@dataclass(frozen=True)
+class FedRebSettings(AlgoSettings):
+    """FedReb's defaults (seed 000); conf/algorithm/fedreg.yaml presets scope: global. The
+    first three also parametrize the `rebalance` data transform (fedapps/data/rebalance.py)."""
+
+    scope: str = setting("client", choices=SCOPES)  # client (FedReb) | global (FedReG)
+    threshold: str = setting("mean", choices=THRESHOLDS)
+    augmentation: str = setting("simple", choices=AUGMENTATIONS)  # simple (5-step) | auto
+    stage_order: str = setting("interleaved", choices=("interleaved", "sequential"))
+    aggregation: str = setting("split", choices=("split", "origin"))  # base by n_orig, H1 n_eff
+    ablation: str = setting("none", choices=("none", "a", "b", "c", "d"))
 
 
 class RebalancedData(LocalData, Protocol):
@@ -32,11 +48,12 @@ class FedRebClient(PersonalHeadClient):
     uploads base + H1 with n_orig and n_eff. A never-selected client uses its initial H2."""
 
     state_key = "fedreb-h2"
+    algo: FedRebSettings
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.ablation = str(self.algo.get("ablation", "none"))
-        self.stage_order = str(self.algo.get("stage-order", "interleaved"))
+        self.ablation = self.algo.ablation
+        self.stage_order = self.algo.stage_order
 
     # ---- the two stages ------------------------------------------------------------------
     def stage1(self, optimizer: torch.optim.Optimizer, epochs: int = 1) -> float:

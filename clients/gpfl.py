@@ -9,12 +9,20 @@ GCE, CoV, conditional inputs and (as for FedPer) the head are uploaded and avera
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch.nn import functional as F
 
 from clients.personal import PersonalHeadClient
+from fedapps.settings import AlgoSettings, setting
+
+
+@dataclass(frozen=True)
+class GpflSettings(AlgoSettings):
+    lambda_: float = setting(0.1, ge=0)  # YAML `lambda`: weight of ||z_G - E_frozen[y]||
+    eta: float = setting(0.001, ge=0)  # weight decay of GCE and CoV
 
 
 def gce_loss(z: torch.Tensor, y: torch.Tensor, embeddings: torch.Tensor) -> torch.Tensor:
@@ -23,6 +31,7 @@ def gce_loss(z: torch.Tensor, y: torch.Tensor, embeddings: torch.Tensor) -> torc
 
 
 class GpflClient(PersonalHeadClient):
+    algo: GpflSettings
     state_key = "gpfl-personal-head"
 
     def class_shares(self) -> torch.Tensor:
@@ -35,8 +44,7 @@ class GpflClient(PersonalHeadClient):
         return emb.mean(0), self.class_shares() @ emb
 
     def local_train(self, config: dict[str, Any]) -> dict[str, Any]:
-        lam = float(self.algo.get("lambda", 0.1))
-        eta = float(self.algo.get("eta", 0.001))
+        lam, eta = self.algo.lambda_, self.algo.eta
         m = self.model
         generic, personal = self.conditional_inputs()
         m.generic_input.copy_(generic)

@@ -10,6 +10,7 @@ unmasked accuracy on the same local test split; the official test split gives gl
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -20,9 +21,29 @@ from torch.nn import functional as F
 from clients.arrays import set_arrays
 from clients.base import BaseClient
 from clients.flops import forward_flops
+from fedapps.settings import AlgoSettings, setting
+
+
+@dataclass(frozen=True)
+class PartialSettings(AlgoSettings):
+    """FedRolex / HeteroFL / Federated Dropout (seed 004): the global model and how clients'
+    capacities are drawn and weighted."""
+
+    model: str = setting("width-cnn", choices=("width-cnn", "preresnet18"))
+    hidden: tuple[int, ...] = setting((32, 64, 128), ge=1, what="channel counts")  # full model
+    capacity: str = setting("uniform", choices=("uniform", "rho", "income"))
+    levels: tuple[float, ...] = setting((1.0, 0.5, 0.25, 0.125, 0.0625), gt=0, le=1,
+                                        what="capacities")
+    rho: float = setting(0.5, ge=0)  # capacity rho: share of clients at the largest level
+    assignment: str = setting("dynamic", choices=("dynamic", "fixed"))  # redrawn every round?
+    server_scale: float = setting(1.0, ge=1)  # gamma: global width over the largest client's
+    weighting: str = setting("none", choices=("none", "model-size", "model-update", "hybrid"))
+    label_mask: bool = setting(False)  # masked CE; P = accuracy over the client's classes
 
 
 class PartialClient(BaseClient):
+    algo: PartialSettings
+
     def __init__(self, *args: Any, model_factory: Callable[[float], nn.Module],
                  **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -39,7 +60,7 @@ class PartialClient(BaseClient):
 
     @property
     def label_mask(self) -> bool:
-        return bool(self.algo.get("label-mask", False))
+        return self.algo.label_mask
 
     def absent_classes(self) -> torch.Tensor:
         """Boolean mask of the classes missing from this client's training data."""

@@ -10,7 +10,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from fedapps.config import ConfigError, available, load_config, validate
+from omegaconf import OmegaConf
+
+from fedapps.config import available
+from fedapps.errors import ConfigError
+from fedapps.paths import data_root
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, Any]:
@@ -57,9 +61,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, Any]:
 
 
 def _resolve(experiment: str, overrides: list[str]):
-    cfg = load_config(experiment, overrides)
-    validate(cfg)
-    return cfg
+    from fedapps.validation import resolve_config  # torch + Flower: only when a config is checked
+
+    return resolve_config(experiment, overrides)
 
 
 def _resume(args: argparse.Namespace) -> int:
@@ -122,7 +126,6 @@ def _report(status: str, out: Path) -> int:
 
 
 def _deploy_local(args: argparse.Namespace) -> int:
-    from fedapps.config import data_root
     from fedapps.deploy import run_federation
 
     cfg, out, n = _named_run(args)
@@ -193,8 +196,6 @@ def main(argv: list[str] | None = None,
                 print(f"{kind}s: {', '.join(available(kind))}")
             return 0
         if args.command == "validate":
-            from omegaconf import OmegaConf
-
             print(OmegaConf.to_yaml(_resolve(args.experiment, args.overrides)), end="")
             return 0
         return _run(args)

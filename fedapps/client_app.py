@@ -16,16 +16,10 @@ from flwr.client import Client, ClientApp
 from flwr.common import Context
 
 from clients.faulty import FaultyClient
-from fedapps.config import ConfigError
 from fedapps.data import federated_data
-from fedapps.registry import ALGORITHMS
-from fedapps.runtime import (
-    algo_params,
-    config_from_run,
-    dataset_task,
-    select_device,
-    train_settings,
-)
+from fedapps.errors import ConfigError
+from fedapps.registry import ALGORITHMS, algo_settings
+from fedapps.runtime import config_from_run, dataset_task, select_device, train_settings
 
 
 def client_fn(context: Context) -> Client:
@@ -47,7 +41,7 @@ def client_fn(context: Context) -> Client:
     spec = ALGORITHMS[cfg.algorithm]
     local = spec.client_data(cfg, federated_data(cfg), pid, device)
     client = spec.client(spec.model(cfg), local, train_settings(cfg), pid, context=context,
-                         algo=algo_params(cfg), device=device,
+                         algo=algo_settings(cfg), device=device,
                          state_dir=client_state_dir(node, context.run_config, cfg, pid),
                          task=dataset_task(cfg),
                          **spec.client_kwargs(cfg))

@@ -1,29 +1,27 @@
-"""Experiment configuration: OmegaConf files in conf/, merged and validated before anything runs.
+"""Experiment configuration: OmegaConf files in conf/, loaded and merged (nothing else).
 
 Merge order: defaults < dataset < algorithm < experiment < overrides. Only keys declared in
-the defaults, the dataset file or the algorithm file may be set; anything else is a ConfigError
-naming the key, so a typo never silently falls back to a default.
+the defaults or the dataset file may be set; anything else is a ConfigError naming the key, so a
+typo never silently falls back to a default. `algo.*` keys are declared by the algorithm's
+settings dataclass: fedapps.validation checks them and fills in their defaults. This module
+imports no torch, data or registry code, so the CLI and every layer can load configs cheaply.
 """
 
 from __future__ import annotations
 
-import os
 import shlex
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+from fedapps.errors import ConfigError
+from fedapps.paths import CONF_DIR, data_root
 
-POOLS = ("merged", "official")
-DEVICES = ("auto", "cpu", "cuda")
-WANDB_MODES = ("offline", "online", "disabled")
+__all__ = ["CONF_DIR", "ConfigError", "available", "clients_per_round", "data_root",
+           "load_config", "parse_overrides", "to_container"]
 
-
-class ConfigError(ValueError):
-    """A bad configuration value: the message names the key and what is allowed."""
+OPEN_SECTIONS = ("algo",)  # keys declared by the algorithm's settings class, not by YAML
 
 
 def available(kind: str) -> list[str]:
@@ -60,6 +58,8 @@ def _unknown_keys(base: Any, update: Any, prefix: str = "") -> list[tuple[str, l
         dotted = f"{prefix}{key}"
         if key not in base:
             unknown.append((dotted, sorted(str(k) for k in base)))
+        elif not prefix and key in OPEN_SECTIONS:
+            continue  # checked against the settings dataclass by fedapps.validation
         else:
             unknown.extend(_unknown_keys(base[key], update[key], f"{dotted}."))
     return unknown
@@ -96,111 +96,12 @@ def load_config(experiment: str, overrides: str | Sequence[str] | None = None) -
     return base
 
 
-def data_root(cfg: DictConfig) -> Path:
-    """The data root: config, then $FEDAPPS_DATA_ROOT, then ./data."""
-    root = cfg.data["data-root"] or os.environ.get("FEDAPPS_DATA_ROOT") or "data"
-    return Path(str(root)).expanduser().resolve()
-
-
 def clients_per_round(cfg: DictConfig) -> int:
     """Clients trained per round: explicit count, else round(fraction * clients), at least 1."""
     fed = cfg.federation
     if fed["clients-per-round"] is not None:
         return int(fed["clients-per-round"])
     return max(1, round(float(fed["fraction-fit"]) * int(fed["num-clients"])))
-
-
-def _require(ok: bool, key: str, value: Any, rule: str) -> None:
-    if not ok:
-        raise ConfigError(f"{key}={value!r}: {rule}")
-
-
-def _number(cfg: DictConfig, key: str) -> Any:
-    value = OmegaConf.select(cfg, key)
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigError(f"{key}={value!r}: must be a number")
-    return value
-
-
-def _integer(cfg: DictConfig, key: str, minimum: int) -> int:
-    value = OmegaConf.select(cfg, key)
-    is_int = isinstance(value, int) and not isinstance(value, bool)
-    _require(is_int, key, value, "must be an integer")
-    _require(value >= minimum, key, value, f"must be >= {minimum}")
-    return int(value)
-
-
-def _choice(cfg: DictConfig, key: str, allowed: Sequence[str]) -> str:
-    value = OmegaConf.select(cfg, key)
-    _require(value in allowed, key, value, f"allowed: {', '.join(allowed)}")
-    return str(value)
-
-
-def validate(cfg: DictConfig, check_data: bool = True) -> None:
-    """Check every value before any process starts; raises ConfigError with a one-line message."""
-    from fedapps import data as fdata
-    from fedapps.models import MODELS, fc_depth
-    from fedapps.registry import ALGORITHMS
-
-    _choice(cfg, "algorithm", sorted(ALGORITHMS))
-    dataset = _choice(cfg, "dataset", sorted(fdata.DATASETS))
-    _choice(cfg, "device", DEVICES)
-    _integer(cfg, "seed", 0)
-    _integer(cfg, "rounds", 1)
-
-    _choice(cfg, "data.pool", POOLS)
-    fdata.validate_partition_settings(cfg)
-    fdata.validate_transform_settings(cfg, ALGORITHMS[cfg.algorithm].transforms)
-    tf = _number(cfg, "data.test-fraction")
-    _require(0 < tf < 1, "data.test-fraction", tf, "must be in (0, 1)")
-
-    n = _integer(cfg, "federation.num-clients", 1)
-    frac = _number(cfg, "federation.fraction-fit")
-    _require(0 < frac <= 1, "federation.fraction-fit", frac, "must be in (0, 1]")
-    if cfg.federation["clients-per-round"] is not None:
-        k = _integer(cfg, "federation.clients-per-round", 1)
-        _require(k <= n, "federation.clients-per-round", k,
-                 f"must be <= federation.num-clients ({n})")
-    mff = _number(cfg, "federation.min-fit-fraction")
-    _require(0 < mff <= 1, "federation.min-fit-fraction", mff, "must be in (0, 1]")
-    _choice(cfg, "federation.on-too-few", ("stop", "skip"))
-    if cfg.federation["round-timeout"] is not None:
-        timeout = _number(cfg, "federation.round-timeout")
-        _require(timeout > 0, "federation.round-timeout", timeout, "must be > 0 or null")
-
-    model = _choice(cfg, "model.name", sorted(MODELS))
-    depth = _integer(cfg, "model.head-depth", 1)
-    max_depth = fc_depth(model)
-    _require(depth <= max_depth, "model.head-depth", depth,
-             f"must be <= {max_depth} (FC layers of model {model})")
-
-    _integer(cfg, "train.local-epochs", 1)
-    _integer(cfg, "train.batch-size", 1)
-    lr = _number(cfg, "train.lr")
-    _require(lr > 0, "train.lr", lr, "must be > 0")
-    mom = _number(cfg, "train.momentum")
-    _require(0 <= mom < 1, "train.momentum", mom, "must be in [0, 1)")
-    wd = _number(cfg, "train.weight-decay")
-    _require(wd >= 0, "train.weight-decay", wd, "must be >= 0")
-    milestones = list(cfg.train["lr-milestones"])
-    _require(all(isinstance(m, int) and m > 0 for m in milestones), "train.lr-milestones",
-             milestones, "must be positive round numbers")
-    decay = _number(cfg, "train.lr-decay")
-    _require(0 < decay <= 1, "train.lr-decay", decay, "must be in (0, 1]")
-    _integer(cfg, "eval.eval-every", 1)
-    ef = _number(cfg, "eval.fraction")
-    _require(0 < ef <= 1, "eval.fraction", ef, "must be in (0, 1]")
-    _choice(cfg, "wandb.mode", WANDB_MODES)
-    from strategies.server_opt import validate_server_settings
-
-    try:
-        validate_server_settings(cfg.server)
-    except ValueError as err:
-        raise ConfigError(str(err)) from None
-
-    ALGORITHMS[cfg.algorithm].validate(cfg)
-    if check_data:
-        fdata.check_available(dataset, data_root(cfg), bool(cfg.data.download))
 
 
 def to_container(cfg: DictConfig | ListConfig) -> dict[str, Any]:

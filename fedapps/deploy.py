@@ -17,7 +17,10 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from fedapps.launcher import LocalSuperLink, default_filter, free_port, submit
+import httpx
+
+from fedapps.errors import ConfigError
+from fedapps.launcher import CONNECTION, LocalSuperLink, default_filter, free_port, submit
 
 
 def node_config(partition_id: int, num_partitions: int, data_root: Path | None,
@@ -148,8 +151,6 @@ def tls_supernode(secure: Path, index: int) -> list[str]:
 
 def register(link: LocalSuperLink, public_key: Path) -> None:
     """`flwr supernode register`: only registered public keys may join the federation."""
-    from fedapps.launcher import CONNECTION
-
     proc = subprocess.run(["flwr", "supernode", "register", str(public_key), CONNECTION],
                           env=link.env(), capture_output=True, text=True, timeout=60)
     if proc.returncode != 0:
@@ -160,10 +161,7 @@ def register(link: LocalSuperLink, public_key: Path) -> None:
 def check_node_settings(superlink: str, partition_id: int, num_partitions: int,
                         data_root: str | None, dataset: str | None, tls: bool = False) -> None:
     """One-line ConfigErrors for what a SuperNode would otherwise fail on later."""
-    import httpx
-
-    from fedapps.config import ConfigError
-    from fedapps.data import DATASETS, check_available
+    from fedapps.data import DATASETS, check_available  # torch: only when a node is checked
 
     host, sep, port = superlink.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:

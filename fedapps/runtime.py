@@ -13,17 +13,18 @@ import torch
 from omegaconf import DictConfig
 
 from clients.base import TrainSettings
-from fedapps.config import load_config, to_container, validate
 from fedapps.data import DATASETS
-from fedapps.models import SplitNet, build_model
+from fedapps.registry import make_model
 from fedapps.tasks import Task, get_task
+from fedapps.validation import resolve_config
+
+__all__ = ["config_from_run", "dataset_task", "make_model", "run_dir", "seed_everything",
+           "select_device", "train_settings"]  # make_model: now in fedapps.registry
 
 
 @lru_cache(maxsize=8)
 def _resolved(experiment: str, overrides: str) -> DictConfig:
-    cfg = load_config(experiment, overrides)
-    validate(cfg, check_data=False)  # nodes check their own data root when they load
-    return cfg
+    return resolve_config(experiment, overrides, check_data=False)  # nodes check their data
 
 
 def config_from_run(run_config: Mapping[str, Any]) -> DictConfig:
@@ -50,13 +51,6 @@ def select_device(cfg: DictConfig) -> str:
     return str(cfg.device)
 
 
-def make_model(cfg: DictConfig) -> SplitNet:
-    """The experiment's model, initialised from the experiment seed (same on every process)."""
-    info = DATASETS[cfg.dataset]
-    torch.manual_seed(int(cfg.seed))
-    return build_model(cfg.model.name, info.shape, info.num_classes, int(cfg.model["head-depth"]))
-
-
 def dataset_task(cfg: DictConfig) -> Task:
     """The learning task the dataset declares (classification unless it says otherwise)."""
     return get_task(str(getattr(DATASETS[cfg.dataset], "task", "classification")))
@@ -67,10 +61,6 @@ def train_settings(cfg: DictConfig) -> TrainSettings:
     return TrainSettings(int(t["local-epochs"]), int(t["batch-size"]), float(t.lr),
                          float(t.momentum), float(t["weight-decay"]), int(cfg.seed),
                          tuple(int(m) for m in t["lr-milestones"]), float(t["lr-decay"]))
-
-
-def algo_params(cfg: DictConfig) -> dict[str, Any]:
-    return to_container(cfg.algo)
 
 
 def run_dir(cfg: DictConfig) -> Path:

@@ -8,15 +8,16 @@ from logging import INFO
 from flwr.common import Context, log
 from flwr.server import ServerApp, ServerAppComponents, ServerConfig
 
-from clients.arrays import get_arrays
+from clients.arrays import get_arrays, set_arrays
 from fedapps import checkpoint
-from fedapps.config import ConfigError, clients_per_round, data_root, to_container
+from fedapps.config import clients_per_round, to_container
 from fedapps.data import check_available, federated_data
+from fedapps.errors import ConfigError
 from fedapps.evaluation import evaluate_sums, summarize_central
-from fedapps.registry import ALGORITHMS
+from fedapps.paths import data_root
+from fedapps.registry import ALGORITHMS, algo_settings
 from fedapps.results import ResultsWriter
 from fedapps.runtime import (
-    algo_params,
     config_from_run,
     dataset_task,
     run_dir,
@@ -38,8 +39,6 @@ OFFICIAL_TEST_BATCH = 1024
 def official_test_eval(cfg, data):
     """The task's metric and loss of the full global model on the official test split, with
     the evaluation loop the clients use."""
-    from clients.arrays import set_arrays
-
     device = select_device(cfg)  # the server's model is the largest: use the GPU when there
     x, y = (t.to(device) for t in data.official_test())
     model = ALGORITHMS[cfg.algorithm].model(cfg).to(device)
@@ -96,7 +95,7 @@ def server_fn(context: Context) -> ServerAppComponents:
         min_fit_fraction=float(fed["min-fit-fraction"]),
         eval_every=int(cfg.eval["eval-every"]),
         eval_fraction=float(cfg.eval.fraction),
-        algo=algo_params(cfg),
+        algo=algo_settings(cfg),
         central_eval=official_test_eval(cfg, data) if spec.official_test else None,
         on_too_few=str(fed["on-too-few"]),
         on_stop=writer.stop,

@@ -30,10 +30,11 @@ import numpy as np
 import torch
 
 from clients.arrays import get_arrays
-from fedapps.config import clients_per_round, load_config, validate
+from fedapps.config import clients_per_round, load_config
 from fedapps.data import federated_data
-from fedapps.registry import ALGORITHMS
-from fedapps.runtime import algo_params, train_settings
+from fedapps.registry import ALGORITHMS, algo_settings
+from fedapps.runtime import train_settings
+from fedapps.validation import validate
 from strategies.aggregation import weighted_average
 from strategies.base import BaseStrategy
 
@@ -62,7 +63,7 @@ def plain_loop(experiment: str, sets: list[str], threads: int) -> dict[str, Any]
         results = []
         for pid in sampler.sample(rnd, range(n)):
             client = spec.client(spec.model(cfg), spec.client_data(cfg, fd, pid, "cpu"),
-                                 train_settings(cfg), pid, algo=algo_params(cfg))
+                                 train_settings(cfg), pid, algo=algo_settings(cfg))
             out, num, _ = client.fit(arrays, {"server-round": rnd})
             results.append((out, num))
         arrays = weighted_average([r[0] for r in results], [r[1] for r in results])
@@ -70,7 +71,7 @@ def plain_loop(experiment: str, sets: list[str], threads: int) -> dict[str, Any]
         correct = total = 0
         for pid in sampler.eval_sample(rnd, range(n)):
             client = spec.client(spec.model(cfg), spec.client_data(cfg, fd, pid, "cpu"),
-                                 train_settings(cfg), pid, algo=algo_params(cfg))
+                                 train_settings(cfg), pid, algo=algo_settings(cfg))
             _, num, metrics = client.evaluate(arrays, {"server-round": rnd})
             correct += int(metrics["correct-global"])
             total += num

@@ -8,10 +8,10 @@ import sys
 from pathlib import Path
 
 from fedapps import cli as app_cli
+from fedapps.config import load_config
 
 
 def _reproduce(args: argparse.Namespace) -> int:
-    from fedapps.config import load_config
     from fedapps.launcher import descendants, gpus_per_client, run_experiment, terminate
     from simulations.reproduce import reproduce
 

@@ -19,6 +19,13 @@ import time
 
 import torch
 
+from clients.arrays import get_arrays
+from fedapps.config import load_config
+from fedapps.data import federated_data
+from fedapps.registry import ALGORITHMS, algo_settings
+from fedapps.runtime import train_settings
+from fedapps.validation import validate
+
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -29,12 +36,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--epochs", type=int, default=5)
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    from clients.arrays import get_arrays
-    from fedapps.config import load_config, validate
-    from fedapps.data import federated_data
-    from fedapps.registry import ALGORITHMS
-    from fedapps.runtime import algo_params, train_settings
-
     t0 = time.perf_counter()
     cfg = load_config(args.experiment, [f"algorithm={args.algorithm}",
                                         f"train.local-epochs={args.epochs}"])
@@ -44,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     local = spec.client_data(cfg, fd, args.partition_id, "cpu")
     model = spec.model(cfg)
     client = spec.client(model, local, train_settings(cfg), args.partition_id,
-                         algo=algo_params(cfg))
+                         algo=algo_settings(cfg))
     arrays = get_arrays(spec.model(cfg))
     setup = time.perf_counter() - t0
     t1 = time.perf_counter()

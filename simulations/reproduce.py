@@ -22,7 +22,10 @@ from typing import Any
 import numpy as np
 from omegaconf import OmegaConf
 
-from fedapps.config import CONF_DIR, ConfigError, available, load_config, validate
+from fedapps.config import available, load_config
+from fedapps.errors import ConfigError
+from fedapps.paths import CONF_DIR
+from fedapps.validation import validate
 
 # (summary key, column name, scale): accuracies in %, costs in millions
 METRICS = (("best_global_accuracy", "best G", 100.0), ("best_personal_accuracy", "best P", 100.0),

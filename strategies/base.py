@@ -34,6 +34,7 @@ from flwr.server.strategy import Strategy
 
 from fedapps.checkpoint import Snapshot
 from fedapps.evaluation import reduce_evaluations
+from fedapps.settings import AlgoSettings
 from fedapps.tasks import TASKS, Task
 from strategies import uploads
 from strategies.aggregation import weighted_average
@@ -80,7 +81,7 @@ class BaseStrategy(Strategy):
         min_fit_fraction: float = 0.5,
         eval_every: int = 1,
         eval_fraction: float = 1.0,
-        algo: Any = None,
+        algo: AlgoSettings | None = None,
         on_round: Callable[[dict[str, Any]], None] | None = None,
         on_checkpoint: Callable[[Snapshot], None] | None = None,
         properties_timeout: float = 120.0,
@@ -101,7 +102,7 @@ class BaseStrategy(Strategy):
         self.min_fit_fraction = min_fit_fraction
         self.eval_every = eval_every
         self.eval_fraction = eval_fraction
-        self.algo = algo if algo is not None else {}
+        self.algo = algo if algo is not None else AlgoSettings()  # typed algo.* keys
         self.on_round = on_round
         self.on_checkpoint = on_checkpoint
         self.central_eval = central_eval  # e.g. the global model on the official test split
@@ -163,7 +164,7 @@ class BaseStrategy(Strategy):
     def shared_mask(self) -> list[bool]:
         """Which global arrays clients upload and the server averages (default: all of them;
         a prefix in `algo.shared-prefix`, e.g. 'base.', keeps the rest on the clients)."""
-        prefix = str(self.algo.get("shared-prefix", ""))
+        prefix = self.algo.upload_prefix
         return [name.startswith(prefix) for name in self.array_names]
 
     def shared_arrays(self) -> list[np.ndarray]:

@@ -8,19 +8,31 @@ The relay order is a seeded permutation of all clients, kept across rounds (DECI
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
+from fedapps.settings import AlgoSettings, setting
 from strategies.base import BaseStrategy, Upload
 from strategies.plan import Assignment, RoundPlan
 
 
+@dataclass(frozen=True)
+class FedCyclicSettings(AlgoSettings):
+    """Here, beside the strategy: Fed-Cyclic's only own code (its clients train as FedAvg's)."""
+
+    order: str = setting("fixed", choices=("fixed", "reshuffle"))  # relay order across rounds
+
+
 class FedCyclic(BaseStrategy):
+    algo: FedCyclicSettings
+
     def steps_per_round(self, server_round: int) -> int:
         return min(self.clients_per_round, self.num_clients)
 
     def relay_order(self, server_round: int, participants: list[int]) -> list[int]:
         """The participants in relay order: by their place in the seeded permutation."""
-        reshuffle = str(self.algo.get("order", "fixed")) == "reshuffle"
+        reshuffle = self.algo.order == "reshuffle"
         key = [self.seed, server_round, 303] if reshuffle else [self.seed, 303]
         rank = np.argsort(np.random.default_rng(key).permutation(self.num_clients))
         return sorted(participants, key=lambda pid: int(rank[pid]))

@@ -19,7 +19,7 @@ class FedDyn(BaseStrategy):
 
     def aggregate(self, plan: RoundPlan, uploads: list[Upload]) -> list[np.ndarray]:
         theta, self.h = feddyn_update(self.global_arrays, [u.arrays for u in uploads], self.h,
-                                      float(self.algo.get("alpha", 0.01)), self.num_clients)
+                                      self.algo.alpha, self.num_clients)
         return theta
 
     def state_arrays(self) -> dict[str, list[np.ndarray]]:

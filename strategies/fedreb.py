@@ -23,7 +23,7 @@ class FedReb(BaseStrategy):
         return None
 
     def aggregate(self, plan: RoundPlan, uploads: list[Upload]) -> list[np.ndarray]:
-        origin = self.algo.get("aggregation") == "origin" or self.algo.get("ablation") == "a"
+        origin = self.algo.aggregation == "origin" or self.algo.ablation == "a"
         if origin:
             return super().aggregate(plan, uploads)
         is_base = [name.startswith("base.") for name in self.array_names]

@@ -45,16 +45,13 @@ class PartialTraining(BaseStrategy):
     def _draw(self, server_round: int) -> np.ndarray:
         a = self.algo
         rng = np.random.default_rng([self.seed, server_round, 404])
-        return capacities(str(a.get("capacity", "uniform")),
-                          [float(x) for x in a.get("levels", [1.0])], self.num_clients,
-                          float(a.get("rho", 0.5)), rng)
+        return capacities(a.capacity, list(a.levels), self.num_clients, a.rho, rng)
 
     def beta(self, server_round: int, partition_id: int) -> float:
         """The client's capacity this round, relative to the global model (divided by gamma,
         the server model's size over the largest client's)."""
-        table = self.fixed if self.algo.get("assignment", "dynamic") == "fixed" \
-            else self._draw(server_round)
-        return float(table[partition_id]) / float(self.algo.get("server-scale", 1.0))
+        table = self.fixed if self.algo.assignment == "fixed" else self._draw(server_round)
+        return float(table[partition_id]) / self.algo.server_scale
 
     def plan(self, server_round: int, step: int, participants: list[int]) -> RoundPlan:
         """Each participant's capacity, index sets and sub-model; the index sets travel in the
@@ -73,7 +70,7 @@ class PartialTraining(BaseStrategy):
         """Seed 004 Table 3.4: `none` (equal, FedRolex's default), `model-size` (the sub-model's
         parameter count), `model-update` (local SGD steps, proportional to the client's samples
         at a fixed batch size and epoch count) or `hybrid` (their product)."""
-        scheme = str(self.algo.get("weighting", "none"))
+        scheme = self.algo.weighting
         size = float(sum(a.size for a in upload.arrays))  # shapes were validated on arrival
         updates = float(upload.num_examples)
         return {"none": 1.0, "model-size": size, "model-update": updates,

@@ -7,13 +7,13 @@ from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters
 
 from clients.arrays import get_arrays, set_arrays
 from clients.base import TrainSettings
-from clients.ditto import DittoClient
-from clients.fedbabu import FedBabuClient
+from clients.ditto import DittoClient, DittoSettings
+from clients.fedbabu import FedBabuClient, FedBabuSettings
 from clients.feddyn import STATE as FEDDYN_STATE
-from clients.feddyn import FedDynClient
-from clients.fedper import FedPerClient
-from clients.fedprox import FedProxClient
-from clients.fedrep import FedRepClient
+from clients.feddyn import FedDynClient, FedDynSettings
+from clients.fedper import FedPerClient, FedPerSettings
+from clients.fedprox import FedProxClient, FedProxSettings
+from clients.fedrep import FedRepClient, FedRepSettings
 from clients.fedrod import FedRodClient, balanced_softmax_loss
 from fedapps.data import ClientData
 from fedapps.models import build_model
@@ -35,7 +35,7 @@ def model():
 
 def client(cls, algo=None, batch=8, epochs=1, momentum=0.9, lr=0.05):
     return cls(model(), data(), TrainSettings(epochs, batch, lr, momentum, 0.0, 0), 0,
-               algo=algo or {})
+               algo=algo)
 
 
 def equal(a, b):
@@ -61,7 +61,7 @@ def test_fedprox_mu_pulls_towards_the_global_model():
     start = get_arrays(model())
 
     def drift(mu):
-        c = client(FedProxClient, {"mu": mu}, epochs=5)
+        c = client(FedProxClient, FedProxSettings(mu=mu), epochs=5)
         out, _, _ = c.fit(start, {"server-round": 1})
         return sum(float(np.sum((a - b) ** 2)) for a, b in zip(out, start, strict=True))
 
@@ -83,7 +83,7 @@ def test_feddyn_server_state_hand_computed():
 def test_feddyn_strategy_keeps_h_across_rounds():
     init = [np.zeros(2, np.float32)]
     s = FedDyn(initial_arrays=init, num_rounds=2, num_clients=4, clients_per_round=2, seed=0,
-               algo={"alpha": 0.5})
+               algo=FedDynSettings(alpha=0.5))
     res = [FitRes(Status(Code.OK, ""), ndarrays_to_parameters([np.array(v, np.float32)]), 10,
                   {"partition-id": i}) for i, v in enumerate(([1.0, 2.0], [3.0, 6.0]))]
     s.open_step(1, 0, [0, 1])
@@ -93,7 +93,7 @@ def test_feddyn_strategy_keeps_h_across_rounds():
 
 
 def test_feddyn_client_gradient_state():
-    c = client(FedDynClient, {"alpha": 0.01})
+    c = client(FedDynClient, FedDynSettings(alpha=0.01))
     start = get_arrays(c.model)
     out, _, _ = c.fit(start, {"server-round": 1})
     grads = c.load_state(FEDDYN_STATE)
@@ -109,7 +109,7 @@ def test_ditto_personal_step_moves_towards_global_by_lambda(lam):
     lr = 0.1
     results = {}
     for lam_i in (0.0, lam):
-        c = client(DittoClient, {"lambda": lam_i}, batch=1000, momentum=0.0, lr=lr)
+        c = client(DittoClient, DittoSettings(lambda_=lam_i), batch=1000, momentum=0.0, lr=lr)
         w_global = [p.detach() + 0.25 for p in c.personal.parameters()]
         v0 = params(c.personal)
         c.train_personal(w_global, epochs=1)
@@ -121,7 +121,7 @@ def test_ditto_personal_step_moves_towards_global_by_lambda(lam):
 
 
 def test_ditto_p_uses_the_personal_model_and_it_is_not_uploaded():
-    c = client(DittoClient, {"lambda": 0.1, "personal-epochs": 2})
+    c = client(DittoClient, DittoSettings(lambda_=0.1, personal_epochs=2))
     start = get_arrays(c.model)
     out, _, _ = c.fit(start, {"server-round": 1})
     personal = get_arrays(c.personal)
@@ -133,7 +133,9 @@ def test_ditto_p_uses_the_personal_model_and_it_is_not_uploaded():
 # ---- FedPer / FedRep --------------------------------------------------------------------------
 @pytest.mark.parametrize("cls", [FedPerClient, FedRepClient])
 def test_head_stays_on_the_client_with_base_prefix(cls):
-    c = client(cls, {"shared-prefix": "base.", "head-epochs": 1, "base-epochs": 1})
+    settings = {FedPerClient: FedPerSettings(shared_prefix="base."),
+                FedRepClient: FedRepSettings(shared_prefix="base.", head_epochs=1, base_epochs=1)}
+    c = client(cls, settings[cls])
     start = get_arrays(c.model)
     out, _, _ = c.fit(start, {"server-round": 1})
     n_base = len(get_arrays(c.model, "base."))
@@ -146,7 +148,8 @@ def test_training_uses_the_personal_head_not_the_global_one(cls):
     from flwr.common import Context, RecordDict
 
     ctx = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={})
-    algo = {"head-epochs": 1, "base-epochs": 1}
+    algo = FedRepSettings(head_epochs=1, base_epochs=1) if cls is FedRepClient \
+        else FedPerSettings()
     first = cls(model(), data(), TrainSettings(1, 8, 0.05, 0.9, 0.0, 0), 0, ctx, algo)
     start = get_arrays(first.model)
     first.fit(start, {"server-round": 1})
@@ -167,7 +170,7 @@ def test_training_uses_the_personal_head_not_the_global_one(cls):
 
 
 def test_fedrep_freezes_each_part_in_turn(monkeypatch):
-    c = client(FedRepClient, {"head-epochs": 2, "base-epochs": 1})
+    c = client(FedRepClient, FedRepSettings(head_epochs=2, base_epochs=1))
     snapshots = []
     original = c.sgd_epochs
 
@@ -187,7 +190,7 @@ def test_fedrep_freezes_each_part_in_turn(monkeypatch):
 
 # ---- FedBABU ----------------------------------------------------------------------------------
 def test_fedbabu_head_never_changes_during_fl():
-    c = client(FedBabuClient, {"finetune-epochs": 3})
+    c = client(FedBabuClient, FedBabuSettings(finetune_epochs=3))
     start = get_arrays(c.model)
     head0 = params(c.model.head)
     out, _, _ = c.fit(start, {"server-round": 1})
@@ -235,13 +238,13 @@ def test_gce_loss_hand_computed():
 
 
 def gpfl_client():
-    from clients.gpfl import GpflClient
+    from clients.gpfl import GpflClient, GpflSettings
     from fedapps.models import GpflNet
 
     torch.manual_seed(0)
     net = GpflNet(build_model("digits-cnn", (1, 8, 8), 10, 2), 10)
     return GpflClient(net, data(), TrainSettings(1, 8, 0.05, 0.9, 0.0, 0), 0,
-                      algo={"lambda": 0.1, "eta": 0.001})
+                      algo=GpflSettings(lambda_=0.1, eta=0.001))
 
 
 def test_gpfl_conditional_inputs_follow_class_shares():

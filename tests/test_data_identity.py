@@ -17,6 +17,7 @@ from fedapps.config import load_config
 from fedapps.data import federated_data
 from fedapps.data import rebalance as rb
 from fedapps.registry import ALGORITHMS
+from fedapps.validation import resolve_config
 
 
 def digest(arrays) -> str:
@@ -71,7 +72,7 @@ REBALANCED = {
 @pytest.mark.parametrize("algorithm", list(REBALANCED))
 def test_rebalanced_set_is_unchanged(algorithm):
     pid, x_hash, y_hash, size, n_eff, target, local = REBALANCED[algorithm]
-    cfg = load_config("fedreb-quick", [f"algorithm={algorithm}"])
+    cfg = resolve_config("fedreb-quick", [f"algorithm={algorithm}"], check_data=False)
     fd = federated_data(cfg)
     d = ALGORITHMS[algorithm].client_data(cfg, fd, pid, "cpu")
     assert (len(d.y_reb), d.n_eff, d.target) == (size, n_eff, target)

@@ -6,7 +6,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from fedapps.config import ConfigError, load_config, validate
+from fedapps.config import ConfigError, load_config
 from fedapps.data import (
     DATASETS,
     PARTITIONERS,
@@ -18,6 +18,7 @@ from fedapps.data import (
     validate_partition_settings,
 )
 from fedapps.data.partition import PartitionInput, run_partitioner
+from fedapps.validation import validate
 
 
 def series_pool(n_train=96, n_test=24, subjects=4) -> Pool:

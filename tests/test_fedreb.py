@@ -7,11 +7,15 @@ from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters
 
 from clients.arrays import get_arrays
 from clients.base import TrainSettings
-from clients.fedreb import FedRebClient
-from fedapps.config import ConfigError, load_config, validate
+from clients.fedreb import FedRebClient, FedRebSettings
+from fedapps.config import load_config
 from fedapps.data import federated_data
 from fedapps.data import rebalance as rb
+from fedapps.errors import ConfigError
 from fedapps.models import build_model
+from fedapps.registry import ALGORITHMS
+from fedapps.settings import build_settings
+from fedapps.validation import validate
 from strategies.aggregation import split_average
 from strategies.fedreb import FedReb
 
@@ -57,6 +61,7 @@ def test_secmin_counts_duplicates_and_single_class():
 @pytest.fixture(scope="module")
 def digits():
     cfg = load_config("fedreb-quick")
+    validate(cfg)  # fills in the algo defaults (FedRebSettings) that the rebalance step reads
     return cfg, federated_data(cfg)
 
 
@@ -77,11 +82,11 @@ def test_rebalanced_set_is_deterministic_and_keeps_the_class_set(digits):
 
 def make_client(digits, ablation="none"):
     cfg, fd = digits
-    data = rb.client_data(cfg, fd, 0, "cpu")
+    data = ALGORITHMS["fedreb"].client_data(cfg, fd, 0, "cpu")
     torch.manual_seed(0)
     model = build_model("digits-cnn", (1, 8, 8), 10, 2)
     settings = TrainSettings(1, 16, 0.05, 0.9, 0.0, 0)
-    return FedRebClient(model, data, settings, 0, algo={"ablation": ablation})
+    return FedRebClient(model, data, settings, 0, algo=FedRebSettings(ablation=ablation))
 
 
 def heads(client):
@@ -126,11 +131,12 @@ def test_h2_is_restored_from_context_state(digits):
 
     client = make_client(digits)
     ctx = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={})
-    first = FedRebClient(client.model, client.data, client.settings, 0, context=ctx)
+    first = FedRebClient(client.model, client.data, client.settings, 0, context=ctx,
+                         algo=client.algo)
     first.fit(get_arrays(client.model), {"server-round": 1})
     trained = get_arrays(first.personal)
     second = FedRebClient(build_model("digits-cnn", (1, 8, 8), 10, 2), client.data,
-                          client.settings, 0, context=ctx)
+                          client.settings, 0, context=ctx, algo=client.algo)
     restored = get_arrays(second.personal)
     assert all(np.array_equal(a, b) for a, b in zip(restored, trained, strict=True))
 
@@ -171,7 +177,8 @@ def fit_res(pid, value, n, n_eff):
 def test_strategy_split_and_origin_aggregation(algo, base, head):
     init = [np.zeros(2, np.float32), np.zeros(3, np.float32)]
     s = FedReb(initial_arrays=init, array_names=["base.0.weight", "head.0.weight"],
-               num_rounds=1, num_clients=2, clients_per_round=2, seed=0, algo=algo)
+               num_rounds=1, num_clients=2, clients_per_round=2, seed=0,
+               algo=build_settings(FedRebSettings, algo))
     s.open_step(1, 0, [0, 1])
     params, _ = s.aggregate_fit(1, [(None, fit_res(0, 1.0, 10, 20)),
                                     (None, fit_res(1, 5.0, 30, 5))], [])

@@ -6,7 +6,9 @@ import torch
 from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
 
 from clients.arrays import get_arrays
+from clients.partial import PartialSettings
 from fedapps.models import WidthCNN
+from fedapps.settings import build_settings
 from strategies.partial import INCOME, FedDropout, FedRolex, HeteroFL, capacities
 
 LEVELS = [1.0, 0.5, 0.25, 0.125, 0.0625]
@@ -48,7 +50,8 @@ def test_parameter_counts_scale_with_beta():
 def make(cls, model, algo=None, n=4):
     return cls(initial_arrays=get_arrays(model), array_names=list(model.state_dict()),
                num_rounds=3, num_clients=n, clients_per_round=n, seed=0,
-               algo={"capacity": "uniform", "levels": LEVELS, **(algo or {})},
+               algo=build_settings(PartialSettings,
+                                   {"capacity": "uniform", "levels": LEVELS, **(algo or {})}),
                specs=model.param_groups(), widths=model.group_widths())
 
 
@@ -170,7 +173,7 @@ def _two_class_client(label_mask):
     model = WidthCNN(1, 10, (4, 8, 16))
     return PartialClient(model, ClientData(x[:4], y[:4], x[4:], y[4:]),
                          TrainSettings(1, 4, 0.01, 0.9, 0.0, 0), 0,
-                         algo={"label-mask": label_mask},
+                         algo=PartialSettings(label_mask=label_mask),
                          model_factory=lambda beta: WidthCNN(1, 10, (4, 8, 16), beta))
 
 

@@ -142,7 +142,8 @@ def test_grid_files_load_and_labels():
 
 
 def test_every_grid_file_validates_and_references_its_cells():
-    from fedapps.config import available, load_config, validate
+    from fedapps.config import available, load_config
+    from fedapps.validation import validate
 
     for name in available("grid"):
         grid = load_grid(name)

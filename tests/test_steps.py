@@ -10,7 +10,7 @@ from clients.fedavg import FedAvgClient
 from fedapps.config import load_config
 from fedapps.data import federated_data
 from fedapps.runtime import make_model, train_settings
-from strategies.fedcyclic import FedCyclic
+from strategies.fedcyclic import FedCyclic, FedCyclicSettings
 from strategies.steps import StepClock
 from tests.inprocess import run
 
@@ -42,7 +42,7 @@ def build(setup, **kw):
     model = make_model(cfg)
     strategy = FedCyclic(initial_arrays=get_arrays(model), array_names=list(model.state_dict()),
                          num_rounds=2, num_clients=NUM_CLIENTS, clients_per_round=HOPS, seed=0,
-                         **kw)
+                         algo=FedCyclicSettings(), **kw)
     clients = {pid: FedAvgClient(make_model(cfg), fd.client(pid), train_settings(cfg), pid)
                for pid in range(NUM_CLIENTS)}
     return strategy, clients

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedapps.config import ConfigError, load_config, validate
+from fedapps.config import ConfigError, load_config
 from fedapps.data import (
     TRANSFORMS,
     ClientData,
@@ -17,10 +17,11 @@ from fedapps.data import (
 from fedapps.data import rebalance as rb
 from fedapps.data.transforms import transform_chain
 from fedapps.registry import ALGORITHMS
+from fedapps.validation import resolve_config, validate
 
 
 def config(*overrides, experiment="fedreb-quick"):
-    cfg = load_config(experiment, list(overrides))
+    cfg = resolve_config(experiment, list(overrides), check_data=False)  # algo defaults too
     return cfg, federated_data(cfg)
 
 
@@ -78,7 +79,7 @@ def test_composition_order_matters():
     # rebalance first (the fedreb default): D_r is built from the clean labels
     cfg, fd = config("data.transforms=[label-noise]", "data.label-noise.p=0.5")
     first = ALGORITHMS["fedreb"].client_data(cfg, fd, 0, "cpu")
-    plain = ALGORITHMS["fedreb"].client_data(load_config("fedreb-quick"), fd, 0, "cpu")
+    plain = ALGORITHMS["fedreb"].client_data(config()[0], fd, 0, "cpu")
     assert torch.equal(first.x_reb, plain.x_reb) and torch.equal(first.y_reb, plain.y_reb)
     assert not torch.equal(first.y_train, plain.y_train)
     # label noise first: D_r is built from the noisy labels

@@ -22,7 +22,6 @@ import numpy as np
 import torch
 from omegaconf import DictConfig
 
-from fedapps.config import ConfigError, data_root
 from fedapps.data.datasets import (
     DATASETS,
     DatasetInfo,
@@ -48,6 +47,8 @@ from fedapps.data.transforms import (
     apply_transforms,
     validate_transform_settings,
 )
+from fedapps.errors import ConfigError
+from fedapps.paths import data_root
 
 T = TypeVar("T")
 

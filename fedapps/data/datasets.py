@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedapps.config import ConfigError
+from fedapps.errors import ConfigError
 
 TASKS = ("classification", "regression")
 # image: uint8 [N, C, H, W] scaled to [0, 1], per-channel mean/std over the whole pool (as the

@@ -13,7 +13,7 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from fedapps.config import ConfigError
+from fedapps.errors import ConfigError
 
 _MISSING = object()
 

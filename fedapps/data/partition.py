@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from fedapps.config import ConfigError
 from fedapps.data.params import Param
+from fedapps.errors import ConfigError
 
 
 def _label_dataset(labels: np.ndarray):  # -> datasets.Dataset

@@ -15,12 +15,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from fedapps.config import ConfigError
 from fedapps.data.params import Param
+from fedapps.errors import ConfigError
 
 if TYPE_CHECKING:
-    from omegaconf import DictConfig
-
     from fedapps.data import ClientData, FederatedData
     from fedapps.data.transforms import TransformContext
 
@@ -195,11 +193,3 @@ def transform(ctx: TransformContext, data: ClientData) -> ClientData:
     return data.replace(extras={
         "x_reb": fd.normalize(torch.from_numpy(z["x"])), "y_reb": torch.from_numpy(z["y"]),
         "target": int(meta[0]), "n_eff": int(meta[1]), "n_augmented": int(meta[2])})
-
-
-def client_data(cfg: DictConfig, fd: FederatedData, partition_id: int,
-                device: str) -> ClientData:
-    """The client's local tensors plus D_r and n_eff (kept for callers of the first API)."""
-    from fedapps.data.transforms import apply_transforms
-
-    return apply_transforms(cfg, fd, partition_id, device, required=("rebalance",))

@@ -24,10 +24,10 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, ListConfig
 
-from fedapps.config import ConfigError
 from fedapps.data import rebalance
 from fedapps.data.datasets import DATASETS, TASKS, DatasetInfo, cache_dir
 from fedapps.data.params import Param, present, read_params
+from fedapps.errors import ConfigError
 
 if TYPE_CHECKING:
     from fedapps.data import ClientData, FederatedData

@@ -1,0 +1,127 @@
+"""Validation of a loaded config: every value checked before any process starts.
+
+Kept apart from fedapps.config (loading only) because it needs the registry (algorithm names
+and settings classes), the datasets and the models, which import torch and Flower.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from fedapps import data as fdata
+from fedapps.config import load_config
+from fedapps.errors import ConfigError
+from fedapps.models import MODELS, fc_depth
+from fedapps.paths import data_root
+from fedapps.registry import ALGORITHMS, algo_settings
+from fedapps.settings import as_dict
+from strategies.server_opt import validate_server_settings
+
+POOLS = ("merged", "official")
+DEVICES = ("auto", "cpu", "cuda")
+WANDB_MODES = ("offline", "online", "disabled")
+
+
+def _require(ok: bool, key: str, value: Any, rule: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key}={value!r}: {rule}")
+
+
+def _number(cfg: DictConfig, key: str) -> Any:
+    value = OmegaConf.select(cfg, key)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"{key}={value!r}: must be a number")
+    return value
+
+
+def _integer(cfg: DictConfig, key: str, minimum: int) -> int:
+    value = OmegaConf.select(cfg, key)
+    is_int = isinstance(value, int) and not isinstance(value, bool)
+    _require(is_int, key, value, "must be an integer")
+    _require(value >= minimum, key, value, f"must be >= {minimum}")
+    return int(value)
+
+
+def _choice(cfg: DictConfig, key: str, allowed: Sequence[str]) -> str:
+    value = OmegaConf.select(cfg, key)
+    _require(value in allowed, key, value, f"allowed: {', '.join(allowed)}")
+    return str(value)
+
+
+def resolve_config(experiment: str, overrides: str | Sequence[str] | None = None,
+                   check_data: bool = True) -> DictConfig:
+    """Load, validate and complete one run's config (algo defaults filled in): what a run,
+    `fedapps validate` and the results' config.yaml see. fedapps.config.load_config alone
+    only merges the YAML files, so its `algo` holds the keys that were set, no defaults."""
+    cfg = load_config(experiment, overrides)
+    validate(cfg, check_data)
+    return cfg
+
+
+def validate(cfg: DictConfig, check_data: bool = True) -> None:
+    """Check every value before any process starts; raises ConfigError with a one-line message.
+
+    Also completes `cfg.algo` with the settings dataclass's defaults (in place), so that what
+    `fedapps validate` prints and what results record as config.yaml names every algo key."""
+    _choice(cfg, "algorithm", sorted(ALGORITHMS))
+    # first, so that everything below (e.g. the rebalance transform's algo.* parameters) and
+    # everything after validation reads the complete algo section
+    cfg.algo = as_dict(algo_settings(cfg))
+    dataset = _choice(cfg, "dataset", sorted(fdata.DATASETS))
+    _choice(cfg, "device", DEVICES)
+    _integer(cfg, "seed", 0)
+    _integer(cfg, "rounds", 1)
+
+    _choice(cfg, "data.pool", POOLS)
+    fdata.validate_partition_settings(cfg)
+    fdata.validate_transform_settings(cfg, ALGORITHMS[cfg.algorithm].transforms)
+    tf = _number(cfg, "data.test-fraction")
+    _require(0 < tf < 1, "data.test-fraction", tf, "must be in (0, 1)")
+
+    n = _integer(cfg, "federation.num-clients", 1)
+    frac = _number(cfg, "federation.fraction-fit")
+    _require(0 < frac <= 1, "federation.fraction-fit", frac, "must be in (0, 1]")
+    if cfg.federation["clients-per-round"] is not None:
+        k = _integer(cfg, "federation.clients-per-round", 1)
+        _require(k <= n, "federation.clients-per-round", k,
+                 f"must be <= federation.num-clients ({n})")
+    mff = _number(cfg, "federation.min-fit-fraction")
+    _require(0 < mff <= 1, "federation.min-fit-fraction", mff, "must be in (0, 1]")
+    _choice(cfg, "federation.on-too-few", ("stop", "skip"))
+    if cfg.federation["round-timeout"] is not None:
+        timeout = _number(cfg, "federation.round-timeout")
+        _require(timeout > 0, "federation.round-timeout", timeout, "must be > 0 or null")
+
+    model = _choice(cfg, "model.name", sorted(MODELS))
+    depth = _integer(cfg, "model.head-depth", 1)
+    max_depth = fc_depth(model)
+    _require(depth <= max_depth, "model.head-depth", depth,
+             f"must be <= {max_depth} (FC layers of model {model})")
+
+    _integer(cfg, "train.local-epochs", 1)
+    _integer(cfg, "train.batch-size", 1)
+    lr = _number(cfg, "train.lr")
+    _require(lr > 0, "train.lr", lr, "must be > 0")
+    mom = _number(cfg, "train.momentum")
+    _require(0 <= mom < 1, "train.momentum", mom, "must be in [0, 1)")
+    wd = _number(cfg, "train.weight-decay")
+    _require(wd >= 0, "train.weight-decay", wd, "must be >= 0")
+    milestones = list(cfg.train["lr-milestones"])
+    _require(all(isinstance(m, int) and m > 0 for m in milestones), "train.lr-milestones",
+             milestones, "must be positive round numbers")
+    decay = _number(cfg, "train.lr-decay")
+    _require(0 < decay <= 1, "train.lr-decay", decay, "must be in (0, 1]")
+    _integer(cfg, "eval.eval-every", 1)
+    ef = _number(cfg, "eval.fraction")
+    _require(0 < ef <= 1, "eval.fraction", ef, "must be in (0, 1]")
+    _choice(cfg, "wandb.mode", WANDB_MODES)
+    try:
+        validate_server_settings(cfg.server)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+
+    if check_data:
+        fdata.check_available(dataset, data_root(cfg), bool(cfg.data.download))
