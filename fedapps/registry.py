@@ -30,6 +30,7 @@ from fedapps.models import GpflNet, PreResNet18, SplitNet, WidthCNN, build_model
 from fedapps.settings import AlgoSettings, build_settings
 from strategies.base import BaseStrategy
 from strategies.fedavg import FedAvg
+from strategies.fedcyclic import FedCyclic, FedCyclicSettings
 from strategies.feddyn import FedDyn
 from strategies.fedreb import FedReb
 from strategies.partial import FedDropout, FedRolex, HeteroFL
@@ -101,6 +102,7 @@ ALGORITHMS: dict[str, Algorithm] = {
     "heterofl": Algorithm(HeteroFL, PartialClient, **PARTIAL),
     "feddropout": Algorithm(FedDropout, PartialClient, **PARTIAL),
     "gpfl": Algorithm(FedAvg, GpflClient, GpflSettings, model=_gpfl_model),
+    "fedcyclic": Algorithm(FedCyclic, FedAvgClient, FedCyclicSettings),  # seed 003, relay
     "fedreb": FEDREB,  # seed 000 (client-scope threshold)
     "fedreg": FEDREB,  # seed 001 (global-scope threshold); same code, other preset
 }

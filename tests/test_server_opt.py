@@ -263,8 +263,8 @@ def test_state_round_trip_gives_the_same_next_step(name, tmp_path):
     with np.load(tmp_path / "s.npz", allow_pickle=False) as z:
         loaded = {k: [z[f"{k}.{i}"] for i in range(len(v))] for k, v in state.items()}
     # and through the project's checkpoint file, beside a strategy's own state
-    checkpoint.save(tmp_path, 2, current, {**state, "h": [np.ones(2)]})
-    _, _, from_checkpoint = checkpoint.load(tmp_path)
+    checkpoint.save(tmp_path, checkpoint.Snapshot(2, current, {**state, "h": [np.ones(2)]}))
+    from_checkpoint = checkpoint.load(tmp_path).state
     assert from_checkpoint["h"][0].tolist() == [1.0, 1.0]
 
     aggregate = weighted_average(client_results(rng, current), NUM_EXAMPLES)
