@@ -61,6 +61,16 @@ def test_same_seed_gives_the_same_numbers(first_run, tmp_path):
         assert ra["fit_clients"] == rb["fit_clients"]
 
 
+def test_numbers_are_those_of_the_code_before_the_round_plan_core(first_run):
+    """Pinned from commit 97080b4 (before steps, plans and tasks; simulations/parity.py
+    recorded every algorithm): quickstart, seed 0, G per round and the loss."""
+    _, _, doc = first_run
+    g = [r["global_accuracy"] for r in doc["rounds"]]
+    assert g == [0.4434782608695652, 0.4782608695652174, 0.7543478260869565]
+    assert [r["loss"] for r in doc["rounds"]] == pytest.approx(
+        [1.9635058485943337, 1.2969726769820504, 0.7309539079666137], abs=1e-9)
+
+
 def test_fedreb_simulation_keeps_personal_heads_across_rounds(tmp_path):
     _, doc = run(tmp_path, "fedreb-quick", "reb", "rounds=3")
     last = doc["rounds"][-1]
