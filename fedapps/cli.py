@@ -114,14 +114,20 @@ def _report(status: str, out: Path) -> int:
         print(f"fedapps: run failed (status {status}); partial results: {out}", file=sys.stderr)
         return 1
 
-    def pct(key: str) -> str:
-        v = summary.get(key)
-        return "-" if v is None else f"{100 * v:.2f}%"
+    metric = summary.get("metric", "accuracy")
 
-    print(f"fedapps: done in {summary['wall_seconds']:.0f}s. best G {pct('best_global_accuracy')}"
-          f", best P {pct('best_personal_accuracy')}, final G {pct('final_global_accuracy')}"
-          f", final P {pct('final_personal_accuracy')}, EMD {summary['emd']:.3f}")
-    print(f"fedapps: results in {out} (results.json, metrics.csv, config.yaml, accuracy.png)")
+    def show(key: str) -> str:
+        v = summary.get(f"{key}_{metric}")
+        if v is None:
+            return "-"
+        return f"{100 * v:.2f}%" if metric == "accuracy" else f"{metric} {v:.4f}"
+
+    emd = summary.get("emd")
+    skew = f", EMD {emd:.3f}" if emd is not None else ""
+    print(f"fedapps: done in {summary['wall_seconds']:.0f}s. best G {show('best_global')}"
+          f", best P {show('best_personal')}, final G {show('final_global')}"
+          f", final P {show('final_personal')}{skew}")
+    print(f"fedapps: results in {out} (results.json, metrics.csv, config.yaml, {metric}.png)")
     return 0
 
 

@@ -14,7 +14,8 @@ from torch import nn
 
 from clients.arrays import get_arrays, set_arrays
 
-__all__ = ["MODELS", "SplitNet", "build_model", "fc_depth", "get_arrays", "set_arrays"]
+__all__ = ["IMAGE_MODELS", "MODELS", "SplitNet", "build_model", "fc_depth", "get_arrays",
+           "set_arrays"]
 
 
 class SplitNet(nn.Module):
@@ -77,6 +78,9 @@ MODELS: dict[str, tuple[Callable[..., SplitNet], int]] = {
     "mlp": (mlp, 2),
     "digits-cnn": (digits_cnn, 3),
 }
+
+
+IMAGE_MODELS = ("convnet", "digits-cnn")  # convolutions over [C, H, W] inputs
 
 
 def fc_depth(name: str) -> int:

@@ -11,17 +11,23 @@ import numpy as np
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+# How each task metric is shown: (scale, axis label)
+METRIC_AXES = {"accuracy": (100.0, "accuracy (%)"),
+               "r2": (1.0, "R² (coefficient of determination)")}
 
-def plot_accuracy(rounds: list[dict[str, Any]], title: str, path: Path) -> Path:
-    """G and P per round."""
+
+def plot_metric(rounds: list[dict[str, Any]], title: str, path: Path,
+                metric: str = "accuracy") -> Path:
+    """G and P per round, in the task's metric."""
+    scale, axis = METRIC_AXES.get(metric, (1.0, metric))
     fig, ax = plt.subplots(figsize=(6, 4))
-    for key, label in (("global_accuracy", "G (global model)"),
-                       ("personal_accuracy", "P (personalized)")):
-        pts = [(r["round"], 100 * r[key]) for r in rounds if r.get(key) is not None]
+    for key, label in ((f"global_{metric}", "G (global model)"),
+                       (f"personal_{metric}", "P (personalized)")):
+        pts = [(r["round"], scale * r[key]) for r in rounds if r.get(key) is not None]
         if pts:
             ax.plot(*zip(*pts, strict=True), marker="o", markersize=3, label=label)
     ax.set_xlabel("round")
-    ax.set_ylabel("accuracy (%)")
+    ax.set_ylabel(axis)
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend()
@@ -31,14 +37,21 @@ def plot_accuracy(rounds: list[dict[str, Any]], title: str, path: Path) -> Path:
     return path
 
 
-def _series(doc: dict[str, Any], key: str) -> tuple[np.ndarray, np.ndarray]:
-    pts = [(r["round"], 100 * r[key]) for r in doc["rounds"] if r.get(key) is not None]
+def run_metric(by_cell: dict[str, list[dict[str, Any]]]) -> str:
+    """The task metric of a set of runs (their summaries name it; older runs: accuracy)."""
+    docs = [d for ds in by_cell.values() for d in ds]
+    return str(docs[0]["summary"].get("metric", "accuracy")) if docs else "accuracy"
+
+
+def _series(doc: dict[str, Any], key: str, scale: float = 100.0
+            ) -> tuple[np.ndarray, np.ndarray]:
+    pts = [(r["round"], scale * r[key]) for r in doc["rounds"] if r.get(key) is not None]
     rounds, values = zip(*pts, strict=True) if pts else ((), ())
     return np.asarray(rounds), np.asarray(values)
 
 
-PANELS = (("global_accuracy", "G (global model)"), ("personal_accuracy", "P (personalized)"))
-OFFICIAL_PANEL = ("official_test_accuracy", "official test split (global accuracy)")
+PANELS = (("global", "G (global model)"), ("personal", "P (personalized)"))
+OFFICIAL_PANEL = ("official_test", "official test split (global model)")
 
 
 def plot_curves_with_bands(by_cell: dict[str, list[dict[str, Any]]], path: Path,
@@ -48,15 +61,18 @@ def plot_curves_with_bands(by_cell: dict[str, list[dict[str, Any]]], path: Path,
 
     Separate panels and a legend outside the axes keep a ten-method comparison readable.
     """
-    official = any(r.get(OFFICIAL_PANEL[0]) is not None
+    metric = run_metric(by_cell)
+    scale, axis = METRIC_AXES.get(metric, (1.0, metric))
+    official = any(r.get(f"{OFFICIAL_PANEL[0]}_{metric}") is not None
                    for docs in by_cell.values() for d in docs for r in d["rounds"])
-    panels = PANELS + ((OFFICIAL_PANEL,) if official else ())
+    panels = [(f"{key}_{metric}", name)
+              for key, name in PANELS + ((OFFICIAL_PANEL,) if official else ())]
     fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.5), sharey=True)
     for i, (label, docs) in enumerate(by_cell.items()):
         color = f"C{i % 10}"
         style = "-" if i < 10 else "--"
         for ax, (key, _) in zip(axes, panels, strict=True):
-            series = [_series(d, key) for d in docs]
+            series = [_series(d, key, scale) for d in docs]
             n = min((len(v) for _, v in series), default=0)
             if n == 0:
                 continue
@@ -69,7 +85,7 @@ def plot_curves_with_bands(by_cell: dict[str, list[dict[str, Any]]], path: Path,
         ax.set_xlabel("round")
         ax.set_title(name)
         ax.grid(alpha=0.3)
-    axes[0].set_ylabel("accuracy (%)")
+    axes[0].set_ylabel(axis)
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
     fig.suptitle(f"{title}: mean over seeds, band = min..max")
@@ -79,24 +95,27 @@ def plot_curves_with_bands(by_cell: dict[str, list[dict[str, Any]]], path: Path,
     return path
 
 
-def _last_round_client_accuracies(docs: list[dict[str, Any]], key: str) -> list[float]:
-    """Per-client accuracies (%) of each run's last evaluated round, runs pooled."""
+def _last_round_client_scores(docs: list[dict[str, Any]], key: str, scale: float
+                              ) -> list[float]:
+    """Per-client scores of each run's last evaluated round, runs pooled."""
     vals: list[float] = []
     for d in docs:
         last = [r for r in d["rounds"] if r.get(key)]
         if last:
-            vals += [100 * a for a in last[-1][key] if a is not None]
+            vals += [scale * a for a in last[-1][key] if a is not None]
     return vals
 
 
 def plot_client_distribution(by_cell: dict[str, list[dict[str, Any]]], path: Path,
                              title: str) -> Path:
-    """Per-client accuracy of the last evaluated round, all seeds pooled: a G and a P panel."""
+    """Per-client score of the last evaluated round, all seeds pooled: a G and a P panel."""
+    metric = run_metric(by_cell)
+    scale, axis = METRIC_AXES.get(metric, (1.0, metric))
     labels = list(by_cell)
     fig, axes = plt.subplots(1, 2, figsize=(max(8, 1.1 * len(labels) + 3), 4), sharey=True)
-    for ax, key, name in zip(axes, ("client_global_accuracy", "client_personal_accuracy"),
+    for ax, key, name in zip(axes, (f"client_global_{metric}", f"client_personal_{metric}"),
                              ("G (global model)", "P (personalized)"), strict=True):
-        data = [_last_round_client_accuracies(by_cell[label], key) for label in labels]
+        data = [_last_round_client_scores(by_cell[label], key, scale) for label in labels]
         shown = [(lab, vals) for lab, vals in zip(labels, data, strict=True) if vals]
         if shown:
             ax.boxplot([vals for _, vals in shown])
@@ -105,8 +124,8 @@ def plot_client_distribution(by_cell: dict[str, list[dict[str, Any]]], path: Pat
                           else "center")
         ax.set_title(name)
         ax.grid(alpha=0.3, axis="y")
-    axes[0].set_ylabel("client accuracy (%)")
-    fig.suptitle(f"{title}: per-client accuracy, final round (seeds pooled)")
+    axes[0].set_ylabel(f"client {axis}")
+    fig.suptitle(f"{title}: per-client {metric}, final round (seeds pooled)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -40,7 +40,8 @@ def make_model(cfg: DictConfig) -> SplitNet:
     """The experiment's model, initialised from the experiment seed (same on every process)."""
     info = DATASETS[cfg.dataset]
     torch.manual_seed(int(cfg.seed))
-    return build_model(cfg.model.name, info.shape, info.num_classes, int(cfg.model["head-depth"]))
+    outputs = info.num_classes or 1  # a regression model predicts one standardized value
+    return build_model(cfg.model.name, info.shape, outputs, int(cfg.model["head-depth"]))
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,8 @@ class Algorithm:
         lambda cfg, model: {}
     client_kwargs: Callable[[DictConfig], dict[str, Any]] = lambda cfg: {}
     official_test: bool = False  # also evaluate the global model on the official test split
+    # dataset tasks the algorithm is defined for (class-based methods: classification only)
+    tasks: tuple[str, ...] = ("classification", "regression")
 
     def client_data(self, cfg: DictConfig, fd: FederatedData, partition_id: int,
                     device: str) -> Any:
@@ -79,6 +82,7 @@ PARTIAL = {
                                            "widths": model.group_widths()},
     "client_kwargs": lambda cfg: {"model_factory": lambda beta: _width_model(cfg, beta)},
     "official_test": True,
+    "tasks": ("classification",),  # image width models with a class head
 }
 
 
@@ -87,7 +91,9 @@ def _gpfl_model(cfg: DictConfig) -> torch.nn.Module:
     return GpflNet(net, DATASETS[cfg.dataset].num_classes)
 
 
-FEDREB = Algorithm(FedReb, FedRebClient, FedRebSettings, transforms=("rebalance",))
+CLASSES = ("classification",)
+FEDREB = Algorithm(FedReb, FedRebClient, FedRebSettings, transforms=("rebalance",),
+                   tasks=CLASSES)
 
 ALGORITHMS: dict[str, Algorithm] = {
     "fedavg": Algorithm(FedAvg, FedAvgClient),
@@ -97,11 +103,11 @@ ALGORITHMS: dict[str, Algorithm] = {
     "fedper": Algorithm(FedAvg, FedPerClient, FedPerSettings),
     "fedrep": Algorithm(FedAvg, FedRepClient, FedRepSettings),
     "fedbabu": Algorithm(FedAvg, FedBabuClient, FedBabuSettings),
-    "fedrod": Algorithm(FedAvg, FedRodClient),
+    "fedrod": Algorithm(FedAvg, FedRodClient, tasks=CLASSES),  # balanced softmax
     "fedrolex": Algorithm(FedRolex, PartialClient, **PARTIAL),
     "heterofl": Algorithm(HeteroFL, PartialClient, **PARTIAL),
     "feddropout": Algorithm(FedDropout, PartialClient, **PARTIAL),
-    "gpfl": Algorithm(FedAvg, GpflClient, GpflSettings, model=_gpfl_model),
+    "gpfl": Algorithm(FedAvg, GpflClient, GpflSettings, model=_gpfl_model, tasks=CLASSES),
     "fedcyclic": Algorithm(FedCyclic, FedAvgClient, FedCyclicSettings),  # seed 003, relay
     "fedreb": FEDREB,  # seed 000 (client-scope threshold)
     "fedreg": FEDREB,  # seed 001 (global-scope threshold); same code, other preset

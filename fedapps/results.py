@@ -15,7 +15,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from fedapps.plots import plot_accuracy
+from fedapps.plots import plot_metric
 from fedapps.tracking import WandbTracker
 
 
@@ -25,16 +25,18 @@ def atomic_write(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
-def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
-    """Best and final G/P over the evaluated rounds (best G and best P may differ in round)."""
-    evaluated = [r for r in rounds if r.get("global_accuracy") is not None]
+def summarize(rounds: list[dict[str, Any]], metric: str = "accuracy") -> dict[str, Any]:
+    """Best and final G/P over the evaluated rounds (best G and best P may differ in round),
+    in the task's metric (accuracy, r2): best_global_<metric> and so on."""
+    evaluated = [r for r in rounds if r.get(f"global_{metric}") is not None]
 
     def best(key: str) -> float | None:
         vals = [r[key] for r in evaluated if r.get(key) is not None]
         return max(vals) if vals else None
 
     last = evaluated[-1] if evaluated else {}
-    official = [r["official_test_accuracy"] for r in rounds if "official_test_accuracy" in r]
+    official = [r[f"official_test_{metric}"] for r in rounds
+                if r.get(f"official_test_{metric}") is not None]
     clients = [m for r in rounds for m in r.get("client_fit_metrics", {}).values() if "params" in m]
     cost = {  # seed 004 Table 3.6: per participating client and round
         "mean_client_params": sum(m["params"] for m in clients) / len(clients),
@@ -42,15 +44,15 @@ def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
         "mean_client_bytes_down": sum(r["bytes_down"] for r in rounds)
         / max(sum(len(r["fit_clients"]) for r in rounds), 1),
     } if clients else {}
-    extra = {"best_official_test_accuracy": max(official),
-             "final_official_test_accuracy": official[-1]} if official else {}
+    extra = {f"best_official_test_{metric}": max(official),
+             f"final_official_test_{metric}": official[-1]} if official else {}
     return {
         **extra,
         **cost,
-        "best_global_accuracy": best("global_accuracy"),
-        "best_personal_accuracy": best("personal_accuracy"),
-        "final_global_accuracy": last.get("global_accuracy"),
-        "final_personal_accuracy": last.get("personal_accuracy"),
+        f"best_global_{metric}": best(f"global_{metric}"),
+        f"best_personal_{metric}": best(f"personal_{metric}"),
+        f"final_global_{metric}": last.get(f"global_{metric}"),
+        f"final_personal_{metric}": last.get(f"personal_{metric}"),
         "rounds_completed": len(rounds),
         "total_bytes_down": sum(r["bytes_down"] for r in rounds),
         "total_bytes_up": sum(r["bytes_up"] for r in rounds),
@@ -63,8 +65,9 @@ class ResultsWriter:
 
     def __init__(self, run_dir: Path, cfg: dict[str, Any], partition: dict[str, Any],
                  num_rounds: int, invocation: dict[str, str] | None = None,
-                 resume_after: int | None = None) -> None:
+                 resume_after: int | None = None, metric: str = "accuracy") -> None:
         self.run_dir = run_dir
+        self.metric = metric  # the dataset task's: accuracy or r2
         self.cfg = cfg
         self.partition = partition
         self.num_rounds = num_rounds
@@ -83,7 +86,8 @@ class ResultsWriter:
 
     def summary(self) -> dict[str, Any]:
         return {
-            **summarize(self.rounds),
+            "metric": self.metric,
+            **summarize(self.rounds, self.metric),
             "wall_seconds": time.time() - self.started,
             "emd": self.partition["emd"],
             "min_client_samples": self.partition["min_client_samples"],
@@ -121,5 +125,6 @@ class ResultsWriter:
         plots = []
         if self.cfg["output"]["plots"]:
             title = f"{self.cfg['algorithm']} on {self.cfg['dataset']} ({self.run_dir.name})"
-            plots.append(plot_accuracy(self.rounds, title, self.run_dir / "accuracy.png"))
+            plots.append(plot_metric(self.rounds, title, self.run_dir / f"{self.metric}.png",
+                                     self.metric))
         self.tracker.finish(self.summary(), plots)

@@ -79,11 +79,13 @@ def server_fn(context: Context) -> ServerAppComponents:
                   "overrides": str(context.run_config.get("overrides", ""))}
     writer = ResultsWriter(out, to_container(cfg), data.summary(), int(cfg.rounds),
                            invocation=invocation,
-                           resume_after=saved.completed_rounds if saved else None)
+                           resume_after=saved.completed_rounds if saved else None,
+                           metric=dataset_task(cfg).metric)
     fed = cfg.federation
-    log(INFO, "[fedapps] %s: %s on %s, %d clients (%d per round), %d rounds, EMD %.3f -> %s",
+    emd = data.summary()["emd"]
+    log(INFO, "[fedapps] %s: %s on %s, %d clients (%d per round), %d rounds, EMD %s -> %s",
         cfg.experiment, cfg.algorithm, cfg.dataset, fed["num-clients"], clients_per_round(cfg),
-        cfg.rounds, data.summary()["emd"], out)
+        cfg.rounds, "-" if emd is None else f"{emd:.3f}", out)
     spec = ALGORITHMS[cfg.algorithm]
     strategy = spec.strategy(
         initial_arrays=get_arrays(model),

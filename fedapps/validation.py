@@ -14,7 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 from fedapps import data as fdata
 from fedapps.config import load_config
 from fedapps.errors import ConfigError
-from fedapps.models import MODELS, fc_depth
+from fedapps.models import IMAGE_MODELS, MODELS, fc_depth
 from fedapps.paths import data_root
 from fedapps.registry import ALGORITHMS, algo_settings
 from fedapps.settings import as_dict
@@ -71,6 +71,10 @@ def validate(cfg: DictConfig, check_data: bool = True) -> None:
     # everything after validation reads the complete algo section
     cfg.algo = as_dict(algo_settings(cfg))
     dataset = _choice(cfg, "dataset", sorted(fdata.DATASETS))
+    task = fdata.DATASETS[dataset].task
+    tasks = ALGORITHMS[cfg.algorithm].tasks
+    _require(task in tasks, "algorithm", cfg.algorithm,
+             f"needs a {' or '.join(tasks)} dataset; {dataset} is {task}")
     _choice(cfg, "device", DEVICES)
     _integer(cfg, "seed", 0)
     _integer(cfg, "rounds", 1)
@@ -96,6 +100,10 @@ def validate(cfg: DictConfig, check_data: bool = True) -> None:
         _require(timeout > 0, "federation.round-timeout", timeout, "must be > 0 or null")
 
     model = _choice(cfg, "model.name", sorted(MODELS))
+    shape = tuple(fdata.DATASETS[dataset].shape)
+    _require(model not in IMAGE_MODELS or len(shape) == 3, "model.name", model,
+             f"a convolutional model needs [C, H, W] inputs; {dataset} gives {list(shape)} "
+             "(use mlp)")
     depth = _integer(cfg, "model.head-depth", 1)
     max_depth = fc_depth(model)
     _require(depth <= max_depth, "model.head-depth", depth,

@@ -27,16 +27,24 @@ from fedapps.errors import ConfigError
 from fedapps.paths import CONF_DIR
 from fedapps.validation import validate
 
-# (summary key, column name, scale): accuracies in %, costs in millions
-METRICS = (("best_global_accuracy", "best G", 100.0), ("best_personal_accuracy", "best P", 100.0),
-           ("final_global_accuracy", "final G", 100.0),
-           ("final_personal_accuracy", "final P", 100.0))
-# model-heterogeneous methods: the global model on the official test split (seed 004's "global"),
-# and the per-client cost of seed 004 Table 3.6
-OFFICIAL = (("best_official_test_accuracy", "best official test", 100.0),
-            ("final_official_test_accuracy", "final official test", 100.0),
-            ("mean_client_params", "params/client (M)", 1e-6),
-            ("mean_client_flops", "MFLOPs/client", 1e-6))
+# (summary key without the metric, column name): accuracies in %, R^2 as it is
+METRICS = (("best_global", "best G"), ("best_personal", "best P"), ("final_global", "final G"),
+           ("final_personal", "final P"))
+# model-heterogeneous methods: the global model on the official test split (seed 004's "global")
+OFFICIAL = (("best_official_test", "best official test"),
+            ("final_official_test", "final official test"))
+# and the per-client cost of seed 004 Table 3.6, in millions
+COSTS = (("mean_client_params", "params/client (M)", 1e-6),
+         ("mean_client_flops", "MFLOPs/client", 1e-6))
+
+
+def columns(metric: str, official: bool) -> list[tuple[str, str, float]]:
+    """(summary key, column name, scale) of a table for runs reporting `metric`."""
+    scale = 100.0 if metric == "accuracy" else 1.0
+    named = METRICS + (OFFICIAL if official else ())
+    cols = [(f"{key}_{metric}", name + (f" {metric}" if metric != "accuracy" else ""), scale)
+            for key, name in named]
+    return cols + (list(COSTS) if official else [])
 
 
 @dataclass
@@ -198,8 +206,11 @@ def table(by_cell: dict[str, list[dict[str, Any]]], grid: Grid) -> str:
 
     A cell with a single seed shows its value without a spread.
     """
-    metrics = METRICS + (OFFICIAL if any("best_official_test_accuracy" in d["summary"]
-                                         for docs in by_cell.values() for d in docs) else ())
+    from fedapps.plots import run_metric
+
+    metric = run_metric(by_cell)
+    metrics = columns(metric, any(f"best_official_test_{metric}" in d["summary"]
+                                  for docs in by_cell.values() for d in docs))
     lines = [f"| cell | seeds | {' | '.join(name for _, name, _ in metrics)} | paper G | paper P |"
              " min/run |", "|" + " --- |" * (len(metrics) + 5)]
     for label, docs in by_cell.items():
@@ -209,7 +220,7 @@ def table(by_cell: dict[str, list[dict[str, Any]]], grid: Grid) -> str:
             if vals:
                 m, s = mean_std([scale * v for v in vals])
                 # One seed has no spread: print the value alone rather than a misleading "± 0.00".
-                digits = 2 if scale == 100.0 else 4  # costs in millions need more digits
+                digits = 2 if scale == 100.0 else 4  # R^2 and costs in millions: more digits
                 cells.append(f"{m:.{digits}f} ± {s:.{digits}f}" if len(vals) > 1
                              else f"{m:.{digits}f}")
             else:
@@ -231,7 +242,7 @@ def plot_all(by_cell: dict[str, list[dict[str, Any]]], out: Path, title: str) ->
     paths = [plot_curves_with_bands(by_cell, out / "curves.png", title),
              plot_client_distribution(by_cell, out / "client_accuracy.png", title)]
     first = next(iter(by_cell.values()), [])
-    if first:
+    if first and first[0]["partition"].get("class_counts") is not None:  # not for regression
         part = first[0]["partition"]
         paths.append(plot_label_heatmap(part["class_counts"], part["emd"],
                                         out / "label_distribution.png"))

@@ -164,6 +164,23 @@ DATASETS: dict[str, DatasetInfo] = {
 
 # Digits has no official split; these many leading samples play the role of the train split.
 DIGITS_NUM_TRAIN = 1500
+DIABETES_NUM_TRAIN = 350  # likewise for diabetes (442 patients): the last 92 are the test split
+
+
+def _diabetes(root: Path, download: bool) -> Pool:
+    """scikit-learn's bundled diabetes data (Efron et al. 2004): 442 patients, 10 baseline
+    features, disease progression after one year as the target. Embedded (no download): the
+    offline regression source that exercises the regression task end to end."""
+    from sklearn.datasets import load_diabetes
+
+    bunch = load_diabetes(scaled=False)
+    x = torch.from_numpy(bunch.data.astype(np.float32))
+    y = torch.from_numpy(bunch.target.astype(np.float32))
+    return Pool(x, y, DIABETES_NUM_TRAIN, None, task="regression", normalization="feature")
+
+
+DATASETS["diabetes"] = DatasetInfo(None, (10,), task="regression", normalization="feature",
+                                   loader=_diabetes)
 
 
 def cache_dir() -> Path:
