@@ -49,7 +49,8 @@ def evaluate_sums(
             xb, yb = x[start:start + batch_size], y[start:start + batch_size]
             out_g, out_p = predict(xb)
             loss_sum += task.loss(out_g, yb, reduction="sum").double()
-            sums += task.batch_sums(out_g, out_p, yb)
+            batch = task.batch_sums(out_g, out_p, yb)  # may be longer (e.g. confusion counts)
+            sums = batch if start == 0 else sums + batch
     # one host sync: float64 holds counts exactly up to 2**53
     host = torch.cat([loss_sum.reshape(1), sums.double()]).tolist()
     return len(y), host[0], task.to_metrics(host[1:])
@@ -79,6 +80,7 @@ def reduce_evaluations(
         "eval_samples": n,
         **client_percentiles([v for v in per_g if v is not None], "global_client"),
         **client_percentiles([v for v in per_p if v is not None], "personal_client"),
+        **task.pooled_extras([r[3] for r in results]),
         f"client_global_{m}": per_g,
         f"client_personal_{m}": per_p,
         # clients whose personal state came back from state-dir (a restarted node)
@@ -93,4 +95,7 @@ def summarize_central(task: Task, n: int, loss_sum: float, sums: Sums) -> dict[s
     the server has no personalized model): official_test_<metric> (None where undefined) and
     official_test_loss, the mean loss."""
     g, _ = task.scores(n, task.read(sums))
-    return {f"official_test_{task.metric}": g, "official_test_loss": loss_sum / max(n, 1)}
+    extras = {f"official_test_{k[len('global_'):]}": v
+              for k, v in task.pooled_extras([sums]).items() if k.startswith("global_")}
+    return {f"official_test_{task.metric}": g, "official_test_loss": loss_sum / max(n, 1),
+            **extras}

@@ -70,6 +70,11 @@ class Task:
         """(G, P) from one set of sums; None where the score is undefined (no samples)."""
         raise NotImplementedError
 
+    def pooled_extras(self, client_metrics: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        """Further pooled scores beyond the task's metric (e.g. F1 from confusion counts),
+        keyed global_<name> / personal_<name>; none by default."""
+        return {}
+
     def reduce(self, per_client: Sequence[tuple[int, dict[str, Any]]]) -> dict[str, Any]:
         """G and P pooled over all clients (sums added first, then scored once), each client's
         own G and P (input order; None where undefined) and their percentiles."""
@@ -109,15 +114,77 @@ class Classification(Task):
              reduction: str = "mean") -> torch.Tensor:
         return F.cross_entropy(output, target, reduction=reduction)
 
+    CONFUSION = ("confusion-global", "confusion-personal")  # C x C int64 counts, as bytes
+
     def batch_sums(self, out_global: torch.Tensor, out_personal: torch.Tensor,
                    target: torch.Tensor) -> torch.Tensor:
-        return torch.stack([(out_global.argmax(1) == target).sum(),
-                            (out_personal.argmax(1) == target).sum()])
+        """Correct counts of both predictors, then both confusion matrices (true x predicted,
+        flattened): the server sums them over clients for exact macro and weighted F1."""
+        c = out_global.shape[1]
+        pred_g, pred_p = out_global.argmax(1), out_personal.argmax(1)
+        return torch.cat([torch.stack([(pred_g == target).sum(), (pred_p == target).sum()]),
+                          torch.bincount(target * c + pred_g, minlength=c * c),
+                          torch.bincount(target * c + pred_p, minlength=c * c)])
+
+    def to_metrics(self, values: Sequence[float]) -> Sums:
+        """The correct counts as ints and, when batches were seen, the two confusion matrices
+        as int64 bytes (Flower metrics are scalars; bytes carry an array without pickle)."""
+        head, rest = list(values[:2]), np.asarray(values[2:], dtype=np.float64)
+        out: dict[str, Any] = super().to_metrics(head)
+        if rest.size:
+            c = int(round(np.sqrt(rest.size / 2)))
+            if 2 * c * c != rest.size:
+                raise ValueError(f"classification: {rest.size} confusion counts, not 2 C^2")
+            for key, conf in zip(self.CONFUSION, rest.reshape(2, c * c), strict=True):
+                out[key] = np.rint(conf).astype("<i8").tobytes()
+        return out
 
     def scores(self, n: int, sums: Sums) -> tuple[float | None, float | None]:
         if not n:
             return None, None
         return int(sums["correct-global"]) / n, int(sums["correct-personal"]) / n
+
+    def pooled_extras(self, client_metrics: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        """Macro and weighted F1 of G and P from the confusion counts summed over clients
+        (seed 003's tables report both); None where a client sent no confusion counts."""
+        out: dict[str, Any] = {}
+        for key, who in zip(self.CONFUSION, ("global", "personal"), strict=True):
+            total = pooled_confusion([m.get(key) for m in client_metrics])
+            macro, weighted = f1_scores(total) if total is not None else (None, None)
+            out[f"{who}_macro_f1"] = macro
+            out[f"{who}_weighted_f1"] = weighted
+        return out
+
+
+def pooled_confusion(blobs: Sequence[Any]) -> np.ndarray | None:
+    """Sum of clients' C x C confusion counts (int64 bytes); None if any client lacks them
+    or they disagree in size (read with np.frombuffer: no unpickling)."""
+    arrays = []
+    for blob in blobs:
+        if not isinstance(blob, bytes) or len(blob) % 8:
+            return None
+        arrays.append(np.frombuffer(blob, dtype="<i8"))
+    if not arrays or len({a.size for a in arrays}) != 1:
+        return None
+    c = int(round(np.sqrt(arrays[0].size)))
+    if c * c != arrays[0].size:
+        return None
+    return np.sum(arrays, axis=0).reshape(c, c)
+
+
+def f1_scores(confusion: np.ndarray) -> tuple[float | None, float | None]:
+    """(macro F1, support-weighted F1) of a true x predicted confusion matrix, over the classes
+    that occur as a label or a prediction (scikit-learn's convention; a class never predicted
+    or never present scores 0)."""
+    conf = np.asarray(confusion, dtype=np.float64)
+    tp = np.diag(conf)
+    support, predicted = conf.sum(axis=1), conf.sum(axis=0)
+    seen = (support + predicted) > 0
+    if not seen.any():
+        return None, None
+    f1 = np.divide(2 * tp, support + predicted, out=np.zeros_like(tp), where=seen)
+    weighted = float(np.sum(support * f1) / support.sum()) if support.sum() > 0 else None
+    return float(f1[seen].mean()), weighted
 
 
 def _as_vector(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

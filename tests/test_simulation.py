@@ -43,6 +43,8 @@ def test_simulation_writes_the_results_contract(first_run):
         assert r["bytes_down"] > 0 and r["bytes_up"] > 0 and r["failures"] == 0
         assert len(r["fit_clients"]) == 5  # 10 clients, fraction 0.5
         assert r["eval_clients"] == 10  # every client evaluates, not only the trained ones
+        assert 0.0 < r["global_macro_f1"] <= 1.0 and 0.0 < r["global_weighted_f1"] <= 1.0
+        assert r["personal_macro_f1"] == r["global_macro_f1"]  # FedAvg: P = G
     s = doc["summary"]
     assert all(k in s for k in SUMMARY) and s["status"] == "completed"
     assert s["final_global_accuracy"] > 0.3  # chance is 0.1; 3 rounds of FedAvg on digits
