@@ -1,14 +1,18 @@
-"""The `fedapps` console script: fedapps.cli's commands plus `reproduce` (grids of runs)."""
+"""The `fedapps` console script: fedapps.cli's commands plus `reproduce` (grids of runs) and
+`partition` (look at a partition's skew before spending compute on it)."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from fedapps import cli as app_cli
 from fedapps.config import load_config
+from fedapps.errors import ConfigError
 
 
 def _reproduce(args: argparse.Namespace) -> int:
@@ -33,6 +37,67 @@ def _reproduce(args: argparse.Namespace) -> int:
     return 0
 
 
+def partition_report(experiment: str, overrides: list[str]) -> dict[str, Any]:
+    """The partition of a validated config, built (or read from the cache) without training:
+    the parameters it ran with (a target EMD's solved ones), sizes, class counts and EMDs."""
+    from fedapps.data import federated_data
+    from fedapps.data.partition import client_emd, emd
+
+    cfg = app_cli._resolve(experiment, overrides)
+    fd = federated_data(cfg)
+    if fd.pool.labels() is None:
+        raise ConfigError(f"dataset={cfg.dataset}: {fd.pool.task} data has no classes to count; "
+                          "fedapps partition needs a classification dataset")
+    counts = fd.counts("all")
+    return {
+        "experiment": experiment, "dataset": str(cfg.dataset),
+        "partitioner": fd.key["partitioner"], "params": fd.key["params"], "seed": int(cfg.seed),
+        "num_clients": fd.num_clients, "num_classes": int(counts.shape[1]),
+        "sizes": counts.sum(axis=1).tolist(),
+        "train_sizes": [len(t) for t in fd.train_idx], "test_sizes": [len(t) for t in fd.test_idx],
+        "class_counts": counts.tolist(),
+        "client_emd": [round(float(v), 6) for v in client_emd(counts)],
+        "emd": float(emd(counts)),
+    }
+
+
+def report_lines(report: dict[str, Any]) -> list[str]:
+    """The printed table: one line per client, then `EMD <value>` last (three decimals)."""
+    params = ", ".join(f"{k}={v}" for k, v in report["params"].items()) or "-"
+    lines = [f"fedapps: {report['experiment']}: {report['partitioner']} ({params}) on "
+             f"{report['dataset']}, {report['num_clients']} clients, {report['num_classes']} "
+             f"classes, seed {report['seed']}",
+             f"{'client':>6} {'size':>6} {'train':>6} {'test':>5} {'emd':>6}  class counts"]
+    for k, row in enumerate(report["class_counts"]):
+        lines.append(f"{k:>6} {report['sizes'][k]:>6} {report['train_sizes'][k]:>6} "
+                     f"{report['test_sizes'][k]:>5} {report['client_emd'][k]:>6.3f}  "
+                     + " ".join(str(c) for c in row))
+    lines.append(f"EMD {report['emd']:.3f}")
+    return lines
+
+
+def _partition(args: argparse.Namespace) -> int:
+    report = partition_report(args.experiment, args.overrides)
+    outputs = []
+    try:
+        if args.json:
+            Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
+            outputs.append(args.json)
+        if args.png:
+            from fedapps.plots import plot_label_heatmap
+
+            plot_label_heatmap(report["class_counts"], report["emd"], Path(args.png))
+            outputs.append(args.png)
+    except OSError as err:
+        raise ConfigError(f"{err.filename}: {err.strerror}") from None
+    lines = report_lines(report)
+    print("\n".join(lines[:-1]))
+    if outputs:
+        print(f"fedapps: wrote {', '.join(outputs)}")
+    print(lines[-1])
+    return 0
+
+
 def _positive(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: a whole number of runs, at least 1")
@@ -53,7 +118,15 @@ def main(argv: list[str] | None = None) -> int:
                    help="runs at a time, each its own SuperLink, sharing the CPUs (and the GPU); "
                         "default 1")
     r.add_argument("--output-dir", default="outputs", help="runs go to <output-dir>/<grid>/")
-    return app_cli.main(argv, parser, {"reproduce": _reproduce})
+    p = sub.add_parser("partition", help="build an experiment's partition without training; "
+                       "print sizes, class counts and EMDs")
+    p.add_argument("experiment", help="preset in conf/experiment")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="e.g. --set data.partitioner=limit-label --set data.target-emd=1.4")
+    p.add_argument("--json", default=None, metavar="FILE", help="write the same numbers as JSON")
+    p.add_argument("--png", default=None, metavar="FILE",
+                   help="clients x classes heatmap of the counts, with the EMD")
+    return app_cli.main(argv, parser, {"reproduce": _reproduce, "partition": _partition})
 
 
 if __name__ == "__main__":

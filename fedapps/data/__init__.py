@@ -31,13 +31,16 @@ from fedapps.data.datasets import (
     check_available,
     load_pool,
 )
-from fedapps.data.params import Param, read_params
+from fedapps.data.params import Param, present, read_params
 from fedapps.data.partition import (
     PARTITIONERS,
+    TARGET_EMD,
     Partitioner,
     PartitionInput,
+    SolveContext,
     class_counts,
     emd,
+    resolve_params,
     run_partitioner,
     split_train_test,
 )
@@ -55,7 +58,8 @@ T = TypeVar("T")
 __all__ = ["DATASETS", "PARTITIONERS", "TRANSFORMS", "ClientData", "DatasetInfo",
            "FederatedData", "Normalizer", "Param", "Partitioner", "Pool", "Transform",
            "apply_transforms", "check_available", "federated_data", "make_federated",
-           "partition_key", "validate_partition_settings", "validate_transform_settings"]
+           "partition_key", "partition_params", "validate_partition_settings",
+           "validate_transform_settings"]
 
 
 @dataclass(frozen=True)
@@ -179,17 +183,51 @@ class FederatedData:
 PARTITION_FORMAT = 2  # bump when the index files or the split change meaning
 
 
+@lru_cache(maxsize=8)
+def _class_sizes(dataset: str, root: str, download: bool, pool_mode: str) -> np.ndarray:
+    """Samples per class among the partition's candidates (for the Dirichlet EMD solver)."""
+    pool = load_pool(dataset, Path(root), download)
+    labels = pool.labels()
+    if labels is None or pool.num_classes is None:
+        raise ConfigError(f"data.target-emd: dataset {dataset} has no class labels")
+    n = len(pool) if pool_mode == "merged" else pool.num_train
+    return np.bincount(labels[:n], minlength=pool.num_classes)
+
+
+def _solve_context(cfg: DictConfig, with_data: bool) -> SolveContext:
+    info = DATASETS.get(str(cfg.dataset))
+    if info is None or info.num_classes is None:
+        raise ConfigError(f"data.target-emd: dataset {cfg.dataset} has no class labels")
+    sizes = (lambda: _class_sizes(str(cfg.dataset), str(data_root(cfg)), bool(cfg.data.download),
+                                  str(cfg.data.pool))) if with_data else None
+    return SolveContext(int(info.num_classes), int(cfg.federation["num-clients"]),
+                        int(cfg.seed), sizes)
+
+
+def partition_params(cfg: DictConfig, with_data: bool = True) -> dict[str, Any]:
+    """The chosen partitioner's parameters as it runs them: read from the table, or solved for
+    `data.target-emd` (seed 002 inverse solvers; the Dirichlet one reads the pool's class sizes
+    unless `with_data` is false)."""
+    name = str(cfg.data.partitioner)
+    params = read_params(cfg, PARTITIONERS[name].params)
+    target = TARGET_EMD.read(cfg) if present(cfg, TARGET_EMD.key) else None
+    if target is None:
+        return params
+    return resolve_params(name, params, target, _solve_context(cfg, with_data))
+
+
 def partition_key(cfg: DictConfig) -> dict:
     """Everything that determines the index arrays, derived from the partitioner table: its
-    name and every one of its parameters (and no other partitioner's), the dataset, pool,
-    test fraction, number of clients, seed and the format version."""
+    name and every one of its parameters as it runs them (a target EMD's solved values, never
+    another partitioner's), the dataset, pool, test fraction, number of clients, seed and the
+    format version."""
     name = str(cfg.data.partitioner)
     if name not in PARTITIONERS:
         raise ConfigError(f"data.partitioner={name!r}: allowed: {', '.join(PARTITIONERS)}")
     d = cfg.data
     return {
         "dataset": str(cfg.dataset), "pool": str(d.pool), "partitioner": name,
-        "params": read_params(cfg, PARTITIONERS[name].params),
+        "params": partition_params(cfg),
         "test_fraction": float(d["test-fraction"]),
         "num_clients": int(cfg.federation["num-clients"]), "seed": int(cfg.seed),
         "version": PARTITION_FORMAT,
@@ -265,4 +303,6 @@ def validate_partition_settings(cfg: DictConfig) -> None:
                           "client ids")
     if part.check is not None:
         part.check(read_params(cfg, part.params), info.num_classes)
+    if info.num_classes is not None:  # a target EMD no setting reaches: fail before any run
+        partition_params(cfg, with_data=False)
 

@@ -32,9 +32,12 @@ class Param:
     high_open: bool = False  # v < high (else v <= high)
     choices: tuple[str, ...] | None = None
     doc: str = ""
+    nullable: bool = False  # null (None) is a valid value, e.g. "not set, use the others"
 
     def check(self, value: Any) -> Any:
         """The value converted to `type`, or a one-line ConfigError naming the key."""
+        if value is None and self.nullable:
+            return None
         if self.choices is not None:
             if value not in self.choices:
                 self._fail(value, f"allowed: {', '.join(self.choices)}")
