@@ -210,9 +210,9 @@ def transform(ctx: TransformContext, data: ClientData) -> ClientData:
     if len(sources) == 0:
         return data.replace(extras={"n_orig": len(labels), "n_augmented": 0})
     lv = calculate_level(counts.tolist(), target)
-    raw = fd.pool.x[idx][torch.from_numpy(sources)]
-    allow_flip = str(ctx.cfg.dataset) not in rebalance.NO_FLIP_DATASETS
     src = torch.from_numpy(sources)
+    raw = fd.pool.x[idx][src]  # uint8 originals the copies are augmented from
+    allow_flip = str(ctx.cfg.dataset) not in rebalance.NO_FLIP_DATASETS
     extras: dict = {
         "n_orig": len(labels), "n_augmented": len(sources), "fedaug_level": lv.level,
         "fedaug_k": lv.k,
