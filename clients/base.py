@@ -9,7 +9,7 @@ batching, seeding, state, counting correct predictions - lives here once.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -170,7 +170,8 @@ class BaseClient(NumPyClient):
         return get_arrays(self.model, self.algo.upload_prefix)
 
     def num_train_examples(self) -> int:
-        return len(self.data.y_train)
+        """The client's own samples: a transform's added copies (FedAug) carry no weight."""
+        return int(getattr(self.data, "n_orig", len(self.data.y_train)))
 
     def predict(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits of the global and of the personalized model (default: the same, so P = G)."""
@@ -196,22 +197,44 @@ class BaseClient(NumPyClient):
         Batches are index slices of in-memory tensors, shuffled by the client's seeded
         generator: no DataLoader, no per-sample Python.
         """
-        s = self.settings
+        on_train = x is None or x is self.data.x_train
         x = (self.data.x_train if x is None else x).to(self.device)
         y = (self.data.y_train if y is None else y).to(self.device)
         opt = optimizer or self.sgd(list(params))
+        # transforms may re-augment rows per batch and count an epoch in other samples (FedAug)
+        augment = getattr(self.data, "augment_rows", None) if on_train else None
+        epoch_samples = getattr(self.data, "epoch_samples", None) if on_train else None
         total, batches = torch.zeros((), device=self.device), 0
-        for _ in range(epochs):
-            order = torch.randperm(len(y), generator=self.generator).to(self.device)
-            for start in range(0, len(y), s.batch_size):
-                idx = order[start:start + s.batch_size]
-                opt.zero_grad(set_to_none=True)
-                loss = loss_fn(x[idx], y[idx])
-                loss.backward()
-                opt.step()
-                total += loss.detach()
-                batches += 1
+        for idx in self.batch_indices(len(y), epochs, epoch_samples):
+            xb = x[idx] if augment is None else augment(x, idx, self.generator)
+            opt.zero_grad(set_to_none=True)
+            loss = loss_fn(xb, y[idx])
+            loss.backward()
+            opt.step()
+            total += loss.detach()
+            batches += 1
         return float(total) / max(batches, 1)
+
+    def batch_indices(self, n: int, epochs: int,
+                      epoch_samples: int | None = None) -> Iterator[torch.Tensor]:
+        """Shuffled minibatch indices into n rows, `epochs` passes. With `epoch_samples` an
+        epoch is ceil(epoch_samples / B) steps instead, drawn from reshuffled passes over all n
+        rows (FedAug's fair compute, seed 002 section 9 item 14 (a))."""
+        b = self.settings.batch_size
+        if epoch_samples is None:
+            for _ in range(epochs):
+                order = torch.randperm(n, generator=self.generator).to(self.device)
+                for start in range(0, n, b):
+                    yield order[start:start + b]
+            return
+        left = epochs * -(-int(epoch_samples) // b)
+        while left > 0 and n > 0:
+            order = torch.randperm(n, generator=self.generator).to(self.device)
+            for start in range(0, n, b):
+                if left == 0:
+                    return
+                yield order[start:start + b]
+                left -= 1
 
     def proximal(self, module: nn.Module, reference: list[torch.Tensor]) -> torch.Tensor:
         """||w - w_ref||^2 over a module's parameters (FedProx, Ditto, FedDyn)."""

@@ -103,16 +103,27 @@ def augmenter(kind: str, shape: tuple[int, ...], allow_flip: bool) -> Callable:
     return v2.Compose(steps)
 
 
+def augment_each(images: torch.Tensor, transform: Callable, seed: int) -> torch.Tensor:
+    """Apply `transform` to each uint8 image on its own (own random parameters), reproducibly
+    for a seed and without moving the global torch RNG (shared with FedAug, fedaug.py)."""
+    if len(images) == 0:
+        return images.clone()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return torch.stack([transform(img) for img in images])
+
+
 def augment(images: torch.Tensor, kind: str, allow_flip: bool, seed: int) -> torch.Tensor:
     """Augment each uint8 image once, reproducibly for a seed (one-off setup, not a hot loop)."""
     if len(images) == 0:
         return images.clone()
     transform = augmenter(kind, tuple(images.shape[1:]), allow_flip)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        if kind == "auto" and images.shape[1] == 1:  # AutoAugment's colour ops need 3 channels
-            return torch.stack([transform(img.expand(3, -1, -1))[:1] for img in images])
-        return torch.stack([transform(img) for img in images])
+    if kind == "auto" and images.shape[1] == 1:  # AutoAugment's colour ops need 3 channels
+        inner = transform
+
+        def transform(img: torch.Tensor) -> torch.Tensor:
+            return inner(img.expand(3, -1, -1))[:1]
+    return augment_each(images, transform, seed)
 
 
 # Digits and characters change meaning when mirrored (DECISIONS).
