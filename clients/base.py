@@ -190,20 +190,26 @@ class BaseClient(NumPyClient):
         x: torch.Tensor | None = None,
         y: torch.Tensor | None = None,
         optimizer: torch.optim.Optimizer | None = None,
+        steps: int | None = None,
     ) -> float:
         """Minibatch SGD over (x, y) (default: the local train split); returns the mean loss.
 
         Batches are index slices of in-memory tensors, shuffled by the client's seeded
-        generator: no DataLoader, no per-sample Python.
+        generator: no DataLoader, no per-sample Python. `steps`, when given, replaces `epochs`:
+        that many minibatches, reshuffling each epoch as the epoch loop does (a fractional E).
         """
         s = self.settings
         x = (self.data.x_train if x is None else x).to(self.device)
         y = (self.data.y_train if y is None else y).to(self.device)
         opt = optimizer or self.sgd(list(params))
         total, batches = torch.zeros((), device=self.device), 0
+        if steps is not None:
+            epochs = -(-steps // max(1, -(-len(y) // s.batch_size)))
         for _ in range(epochs):
             order = torch.randperm(len(y), generator=self.generator).to(self.device)
             for start in range(0, len(y), s.batch_size):
+                if batches == steps:
+                    break
                 idx = order[start:start + s.batch_size]
                 opt.zero_grad(set_to_none=True)
                 loss = loss_fn(x[idx], y[idx])
