@@ -191,11 +191,13 @@ class BaseClient(NumPyClient):
         x: torch.Tensor | None = None,
         y: torch.Tensor | None = None,
         optimizer: torch.optim.Optimizer | None = None,
+        steps: int | None = None,
     ) -> float:
         """Minibatch SGD over (x, y) (default: the local train split); returns the mean loss.
 
         Batches are index slices of in-memory tensors, shuffled by the client's seeded
-        generator: no DataLoader, no per-sample Python.
+        generator: no DataLoader, no per-sample Python. `steps`, when given, replaces `epochs`:
+        that many minibatches, reshuffling each epoch as the epoch loop does (a fractional E).
         """
         on_train = x is None or x is self.data.x_train
         x = (self.data.x_train if x is None else x).to(self.device)
@@ -205,7 +207,7 @@ class BaseClient(NumPyClient):
         augment = getattr(self.data, "augment_rows", None) if on_train else None
         epoch_samples = getattr(self.data, "epoch_samples", None) if on_train else None
         total, batches = torch.zeros((), device=self.device), 0
-        for idx in self.batch_indices(len(y), epochs, epoch_samples):
+        for idx in self.batch_indices(len(y), epochs, epoch_samples, steps):
             xb = x[idx] if augment is None else augment(x, idx, self.generator)
             opt.zero_grad(set_to_none=True)
             loss = loss_fn(xb, y[idx])
@@ -215,19 +217,21 @@ class BaseClient(NumPyClient):
             batches += 1
         return float(total) / max(batches, 1)
 
-    def batch_indices(self, n: int, epochs: int,
-                      epoch_samples: int | None = None) -> Iterator[torch.Tensor]:
+    def batch_indices(self, n: int, epochs: int, epoch_samples: int | None = None,
+                      steps: int | None = None) -> Iterator[torch.Tensor]:
         """Shuffled minibatch indices into n rows, `epochs` passes. With `epoch_samples` an
         epoch is ceil(epoch_samples / B) steps instead, drawn from reshuffled passes over all n
-        rows (FedAug's fair compute, seed 002 section 9 item 14 (a))."""
+        rows (FedAug's fair compute, seed 002 section 9 item 14 (a)); `steps` gives the number
+        of minibatches directly (phase-shift's fractional E). Either budget reshuffles once per
+        pass, as the epoch loop does, so a whole number of epochs gives the same batches."""
         b = self.settings.batch_size
-        if epoch_samples is None:
+        if epoch_samples is None and steps is None:
             for _ in range(epochs):
                 order = torch.randperm(n, generator=self.generator).to(self.device)
                 for start in range(0, n, b):
                     yield order[start:start + b]
             return
-        left = epochs * -(-int(epoch_samples) // b)
+        left = int(steps) if steps is not None else epochs * -(-int(epoch_samples) // b)
         while left > 0 and n > 0:
             order = torch.randperm(n, generator=self.generator).to(self.device)
             for start in range(0, n, b):
