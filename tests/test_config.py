@@ -150,7 +150,7 @@ def test_algo_rules_name_the_key_value_and_rule(overrides, message):
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (["algorithm=fedprox", "algo.lambda=1"], "algo.lambda: unknown key; allowed here: mu"),
+    (["algorithm=fedprox", "algo.lambda=1"], "algo.lambda: unknown key; allowed here: mu, mu-mode"),
     (["algorithm=ditto", "algo.mu=1"],
      "algo.mu: unknown key; allowed here: lambda, personal-epochs"),
     (["algorithm=fedbabu", "algo.head-epochs=1"],
