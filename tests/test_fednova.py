@@ -138,3 +138,18 @@ def test_client_trains_as_fedavg_and_reports_its_steps():
     assert metrics["local-steps"] == 6
     assert metrics["normalizer"] == pytest.approx(nova_normalizer(6, 0.9))
     assert metrics["lr"] == 0.05
+
+
+@pytest.mark.integration
+def test_real_simulation_on_digits_normalizes_unequal_steps(tmp_path):
+    from tests.test_simulation import run as run_cli
+
+    _, doc = run_cli(tmp_path, "quickstart", "nova", "rounds=2", "algorithm=fednova")
+    assert [r["round"] for r in doc["rounds"]] == [1, 2]
+    for r in doc["rounds"]:
+        fits = r["client_fit_metrics"].values()
+        taus = {m["local-steps"] for m in fits}
+        assert len(taus) > 1  # Dirichlet sizes: unequal local work, so not FedAvg
+        for m in fits:
+            assert m["normalizer"] == pytest.approx(nova_normalizer(m["local-steps"], 0.9))
+    assert doc["summary"]["final_global_accuracy"] > 0.15  # above chance (0.1)
