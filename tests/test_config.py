@@ -164,7 +164,8 @@ def test_unknown_algo_key_lists_the_settings_fields(overrides, message):
 
 
 def test_experiment_algo_keys_do_not_fit_another_algorithm():
-    with pytest.raises(ConfigError, match=r"^algo.label-mask: unknown key; allowed here: mu$"):
+    with pytest.raises(ConfigError,
+                       match=r"^algo.label-mask: unknown key; allowed here: mu, mu-mode$"):
         validate(load_config("fedrolex-fmnist", ["algorithm=fedprox"]), check_data=False)
 
 
