@@ -18,6 +18,7 @@ from clients.ditto import DittoClient, DittoSettings
 from clients.fedavg import FedAvgClient
 from clients.fedbabu import FedBabuClient, FedBabuSettings
 from clients.feddyn import FedDynClient, FedDynSettings
+from clients.fednova import FedNovaClient, FedNovaSettings
 from clients.fedper import FedPerClient, FedPerSettings
 from clients.fedprox import FedProxClient, FedProxSettings
 from clients.fedreb import FedRebClient, FedRebSettings
@@ -35,6 +36,8 @@ from strategies.base import BaseStrategy
 from strategies.fedavg import FedAvg
 from strategies.fedcyclic import FedCyclic, FedCyclicSettings
 from strategies.feddyn import FedDyn
+from strategies.fednova import FedNova
+from strategies.fedprox import FedProx
 from strategies.fedreb import FedReb
 from strategies.partial import FedDropout, FedRolex, HeteroFL
 from strategies.phaseshift import PhaseShift
@@ -111,7 +114,10 @@ FEDREB = Algorithm(FedReb, FedRebClient, FedRebSettings, transforms=("rebalance"
 
 ALGORITHMS: dict[str, Algorithm] = {
     "fedavg": Algorithm(FedAvg, FedAvgClient),
-    "fedprox": Algorithm(FedAvg, FedProxClient, FedProxSettings),
+    "fedprox": Algorithm(FedProx, FedProxClient, FedProxSettings),
+    "fednova": Algorithm(FedNova, FedNovaClient, FedNovaSettings,  # seed 002 baseline
+                         strategy_kwargs=lambda cfg, model: {
+                             "parameter_names": {n for n, _ in model.named_parameters()}}),
     "feddyn": Algorithm(FedDyn, FedDynClient, FedDynSettings),
     "ditto": Algorithm(FedAvg, DittoClient, DittoSettings),
     "fedper": Algorithm(FedAvg, FedPerClient, FedPerSettings),

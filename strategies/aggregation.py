@@ -51,3 +51,62 @@ def feddyn_update(previous: Sequence[np.ndarray], models: Sequence[Sequence[np.n
         new_h.append(h_i)
         new_theta.append((mean - h_i / alpha).astype(prev.dtype))
     return new_theta, new_h
+
+
+def nova_normalizer(tau: int, momentum: float = 0.0) -> float:
+    """FedNova's a_i for tau local SGD steps with heavy-ball momentum rho (Wang et al. 2020,
+    Sec. 5; the authors' optimizer accumulates it step by step).
+
+    Why: with momentum, gradient t moves the model by lr * (1 + rho + ... + rho^(tau-t)), so
+    w_start - w_i = lr * sum_t c_t g_t with c_t = rho c_{t-1} + 1; a_i = sum_t c_t (= tau for
+    plain SGD) is the total weight that FedNova divides out."""
+    if tau < 0 or not 0.0 <= momentum < 1.0:
+        raise ValueError(f"need tau >= 0 and 0 <= momentum < 1, got {tau}, {momentum}")
+    counter, total = 0.0, 0.0
+    for _ in range(tau):
+        counter = counter * momentum + 1.0
+        total += counter
+    return total
+
+
+def fednova_update(start: Sequence[np.ndarray], models: Sequence[Sequence[np.ndarray]],
+                   weights: Sequence[float], normalizers: Sequence[float],
+                   normalized: Sequence[bool] | None = None,
+                   momentum_buffer: Sequence[np.ndarray] | None = None, gmf: float = 0.0,
+                   lr: float = 1.0) -> tuple[list[np.ndarray], list[np.ndarray] | None]:
+    """FedNova server step (Wang et al. 2020, eq. 6): d_i = (w - w_i) / a_i,
+    tau_eff = sum_i p_i a_i, w <- w - tau_eff sum_i p_i d_i, p_i = n_i / n.
+
+    Clients upload their models (so the upload check and FedAvg's code path stay unchanged);
+    the server forms d_i in float64. Equal a_i give FedAvg exactly (up to float rounding).
+    Arrays with `normalized` False (BatchNorm running statistics, counters: not moved by
+    gradient steps) are sample-weighted averages. With gmf > 0 the authors' global momentum:
+    v <- gmf v + step / lr, w <- w - lr v (v in gradient units, so a changing lr is handled
+    as in their code); returns (new arrays, new buffer or None when gmf is 0)."""
+    a = np.asarray(normalizers, dtype=np.float64)
+    if len(a) != len(models) or np.any(~np.isfinite(a)) or np.any(a <= 0):
+        raise ValueError(f"need one finite normalizer > 0 per model, got {list(a)}")
+    if gmf > 0 and lr <= 0:
+        raise ValueError(f"global momentum needs lr > 0, got {lr}")
+    averaged = weighted_average(models, weights)  # validates the weights
+    p = np.asarray(weights, dtype=np.float64)
+    p = p / p.sum()
+    tau_eff = float(np.sum(p * a))
+    mask = [True] * len(start) if normalized is None else list(normalized)
+    new, buffer = [], []
+    for i, w in enumerate(start):
+        if not mask[i] or np.asarray(w).dtype.kind != "f":
+            new.append(averaged[i])
+            buffer.append(np.zeros(np.shape(w)))
+            continue
+        w64 = np.asarray(w, dtype=np.float64)
+        d = sum(pk / ak * (w64 - np.asarray(m[i], dtype=np.float64))
+                for pk, ak, m in zip(p, a, models, strict=True))
+        step = tau_eff * d
+        if gmf > 0:
+            prev = 0.0 if momentum_buffer is None else np.asarray(momentum_buffer[i])
+            v = gmf * prev + step / lr
+            buffer.append(v)
+            step = lr * v
+        new.append(np.asarray(w64 - step).astype(w.dtype, copy=False))
+    return new, (buffer if gmf > 0 else None)

@@ -150,7 +150,7 @@ def test_algo_rules_name_the_key_value_and_rule(overrides, message):
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (["algorithm=fedprox", "algo.lambda=1"], "algo.lambda: unknown key; allowed here: mu"),
+    (["algorithm=fedprox", "algo.lambda=1"], "algo.lambda: unknown key; allowed here: mu, mu-mode"),
     (["algorithm=ditto", "algo.mu=1"],
      "algo.mu: unknown key; allowed here: lambda, personal-epochs"),
     (["algorithm=fedbabu", "algo.head-epochs=1"],
@@ -164,7 +164,8 @@ def test_unknown_algo_key_lists_the_settings_fields(overrides, message):
 
 
 def test_experiment_algo_keys_do_not_fit_another_algorithm():
-    with pytest.raises(ConfigError, match=r"^algo.label-mask: unknown key; allowed here: mu$"):
+    with pytest.raises(ConfigError,
+                       match=r"^algo.label-mask: unknown key; allowed here: mu, mu-mode$"):
         validate(load_config("fedrolex-fmnist", ["algorithm=fedprox"]), check_data=False)
 
 
