@@ -40,9 +40,14 @@ def test_classification_sums_are_hand_counts():
     out_g = torch.tensor([[5.0, 0, 0], [0, 5, 0], [5, 0, 0], [0, 0, 5]])  # right: 0, 1
     out_p = torch.tensor([[5.0, 0, 0], [0, 5, 0], [0, 0, 5], [0, 5, 0]])  # all right
     sums = CLS.batch_sums(out_g, out_p, target)
-    assert sums.dtype == torch.long and sums.tolist() == [2, 4]
-    assert CLS.to_metrics(sums.tolist()) == {"correct-global": 2, "correct-personal": 4}
-    assert all(type(v) is int for v in CLS.to_metrics(sums.tolist()).values())
+    # correct counts, then both 3 x 3 confusion matrices (true x predicted), flattened
+    assert sums.dtype == torch.long and sums[:2].tolist() == [2, 4]
+    assert sums[2:11].tolist() == [1, 0, 0, 0, 1, 1, 1, 0, 0]
+    assert sums[11:].tolist() == [1, 0, 0, 0, 2, 0, 0, 0, 1]
+    metrics = CLS.to_metrics(sums.tolist())
+    assert (metrics["correct-global"], metrics["correct-personal"]) == (2, 4)
+    assert type(metrics["correct-global"]) is int
+    assert np.frombuffer(metrics["confusion-global"], "<i8").tolist() == sums[2:11].tolist()
     assert CLS.loss(out_g, target).item() == pytest.approx(F.cross_entropy(out_g, target).item())
 
 
@@ -104,8 +109,10 @@ def test_loop_is_batch_size_invariant_and_matches_full_batch():
         direct_loss = float(F.cross_entropy(lg, y, reduction="sum"))
     assert EVAL_BATCH == 64
     for n, loss_sum, sums in runs.values():
-        assert n == 101 and sums == direct
+        assert n == 101 and {k: sums[k] for k in direct} == direct
         assert loss_sum == pytest.approx(direct_loss, rel=1e-6)
+        # the confusion counts do not depend on the batch size either
+        assert sums["confusion-global"] == runs[1][2]["confusion-global"]
     assert 0 < direct["correct-global"] < 101
 
 
@@ -125,7 +132,8 @@ def test_loop_reproduces_the_clients_loop_of_today():
                                     (logits_p.argmax(1) == yb).sum()])
     n, got_loss, sums = evaluate_sums(lambda xb: (g(xb), p(xb)), x, y, CLS, device="cpu")
     assert (n, got_loss) == (150, float(loss_sum))
-    assert sums == dict(zip(CLS.sum_names, correct.tolist(), strict=True))
+    assert {k: sums[k] for k in CLS.sum_names} == dict(zip(CLS.sum_names, correct.tolist(),
+                                                           strict=True))
 
 
 def test_summarize_central_matches_the_servers_numbers():
@@ -138,7 +146,8 @@ def test_summarize_central_matches_the_servers_numbers():
         logits = g(x)
     assert out["official_test_accuracy"] == int((logits.argmax(1) == y).sum()) / 70
     assert out["official_test_loss"] == pytest.approx(float(F.cross_entropy(logits, y)))
-    assert set(out) == {"official_test_accuracy", "official_test_loss"}
+    assert set(out) == {"official_test_accuracy", "official_test_loss",
+                        "official_test_macro_f1", "official_test_weighted_f1"}
 
 
 # ---- regression -------------------------------------------------------------------------------
