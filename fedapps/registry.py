@@ -24,6 +24,7 @@ from clients.fedreb import FedRebClient, FedRebSettings
 from clients.fedrep import FedRepClient, FedRepSettings
 from clients.fedrod import FedRodClient
 from clients.gpfl import GpflClient, GpflSettings
+from clients.local import LocalClient
 from clients.partial import PartialClient, PartialSettings
 from fedapps.data import DATASETS, FederatedData, apply_transforms
 from fedapps.models import GpflNet, PreResNet18, SplitNet, WidthCNN, build_model
@@ -33,6 +34,7 @@ from strategies.fedavg import FedAvg
 from strategies.fedcyclic import FedCyclic, FedCyclicSettings
 from strategies.feddyn import FedDyn
 from strategies.fedreb import FedReb
+from strategies.local import Local
 from strategies.partial import FedDropout, FedRolex, HeteroFL
 
 
@@ -109,6 +111,7 @@ ALGORITHMS: dict[str, Algorithm] = {
     "feddropout": Algorithm(FedDropout, PartialClient, **PARTIAL),
     "gpfl": Algorithm(FedAvg, GpflClient, GpflSettings, model=_gpfl_model, tasks=CLASSES),
     "fedcyclic": Algorithm(FedCyclic, FedAvgClient, FedCyclicSettings),  # seed 003, relay
+    "local": Algorithm(Local, LocalClient),  # seed 003 baseline: local models, no sharing
     "fedreb": FEDREB,  # seed 000 (client-scope threshold)
     "fedreg": FEDREB,  # seed 001 (global-scope threshold); same code, other preset
 }

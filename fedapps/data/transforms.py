@@ -2,7 +2,7 @@
 
 A transform maps one client's local data (normalized train/test tensors plus `extras`) to new
 local data, once per client and process: FedReb's rebalanced set (`rebalance`), label noise,
-and later FedAug or label averaging. `data.transforms` lists them in order; an algorithm's
+label averaging, and later FedAug. `data.transforms` lists them in order; an algorithm's
 registry entry may require some (fedreb/fedreg: `rebalance`), which are prepended unless the
 list already names them. Each step is seeded from (seed, partition id, position), memoized in
 `FederatedData.memo`, and a costly step may keep its arrays on disk with `ctx.disk_cache`.
@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, ListConfig
 
-from fedapps.data import rebalance
+from fedapps.data import label_averaging, rebalance
 from fedapps.data.datasets import DATASETS, TASKS, DatasetInfo, cache_dir
 from fedapps.data.params import Param, present, read_params
 from fedapps.errors import ConfigError
@@ -113,6 +113,10 @@ TRANSFORMS: dict[str, Transform] = {
         Param("p", "data.label-noise.p", float, 0.1, low=0, high=1,
               doc="probability that a train label is replaced"),), ("classification",),
         _two_classes, "replace train labels by another class with probability p"),
+    "label-averaging": Transform(label_averaging.transform, label_averaging.PARAMS,
+                                 ("classification",), _two_classes,
+                                 "oversample classes below the mean count per class over "
+                                 "clients up to it (seed 003 Algorithm 3)"),
 }
 
 
