@@ -73,6 +73,7 @@ class BaseClient(NumPyClient):
         self.device = torch.device(device)
         self.model = model.to(self.device)
         self.data = data
+        self.base_data = data  # as built once; a per-round transform redraws from it
         self.settings = settings
         self.partition_id = partition_id
         self.state: RecordDict = context.state if context is not None else RecordDict()
@@ -98,6 +99,7 @@ class BaseClient(NumPyClient):
         if task != TRAIN:
             raise ValueError(f"unknown task {task!r} in a fit instruction")
         self.seed_generator(config, stream=0)
+        self.use_round_data()
         self.load_global(parameters)
         self.model.train()
         metrics = self.local_train(config) or {}
@@ -138,6 +140,13 @@ class BaseClient(NumPyClient):
             n, _, sums = evaluate_sums(self.predict, x, y, self.task, device=self.device)
             scores[f"score-{i}"] = self.task.scores(n, self.task.read(sums))[0]
         return [], n, {"partition-id": self.partition_id, **scores}
+
+    def use_round_data(self) -> None:
+        """A transform that draws anew every round (label averaging with redraw) leaves a
+        `round_data(data, round)` extra: this round's train set is its draw."""
+        round_data = getattr(self.base_data, "round_data", None)
+        if round_data is not None:
+            self.data = round_data(self.base_data, self.server_round)
 
     def sgd(self, params: Any) -> torch.optim.Optimizer:
         """SGD with this round's learning rate (params: a list or parameter groups)."""

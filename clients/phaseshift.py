@@ -13,6 +13,8 @@ import numpy as np
 
 from clients.arrays import get_arrays, set_arrays
 from clients.base import BaseClient
+from fedapps.config import clients_per_round
+from fedapps.errors import ConfigError
 from fedapps.settings import AlgoSettings, setting
 from strategies.phases import (
     FRESH,
@@ -32,6 +34,14 @@ class PhaseShiftSettings(AlgoSettings):
 
     phases: int = setting(4, ge=1)  # the thesis's best setting (Ch. 4); 1 = FedAvg
     mode: str = setting("communication", choices=("communication", "epoch"))
+
+    def check_run(self, cfg: Any) -> None:
+        """Every phase needs at least one of the round's active clients."""
+        k = clients_per_round(cfg)
+        if self.phases > k:
+            raise ConfigError(f"algo.phases={self.phases}: must be <= the clients per round "
+                              f"({k}, federation.clients-per-round or fraction-fit x "
+                              "num-clients)")
 
 
 class PhaseShiftClient(BaseClient):

@@ -25,11 +25,10 @@ from clients.fedreb import FedRebClient, FedRebSettings
 from clients.fedrep import FedRepClient, FedRepSettings
 from clients.fedrod import FedRodClient
 from clients.gpfl import GpflClient, GpflSettings
+from clients.local import LocalClient
 from clients.partial import PartialClient, PartialSettings
 from clients.phaseshift import PhaseShiftClient, PhaseShiftSettings
-from fedapps.config import clients_per_round
 from fedapps.data import DATASETS, FederatedData, apply_transforms
-from fedapps.errors import ConfigError
 from fedapps.models import GpflNet, PreResNet18, SplitNet, WidthCNN, build_model
 from fedapps.settings import AlgoSettings, build_settings
 from strategies.base import BaseStrategy
@@ -39,6 +38,7 @@ from strategies.feddyn import FedDyn
 from strategies.fednova import FedNova
 from strategies.fedprox import FedProx
 from strategies.fedreb import FedReb
+from strategies.local import Local
 from strategies.partial import FedDropout, FedRolex, HeteroFL
 from strategies.phaseshift import PhaseShift
 
@@ -65,8 +65,6 @@ class Algorithm:
     official_test: bool = False  # also evaluate the global model on the official test split
     # dataset tasks the algorithm is defined for (class-based methods: classification only)
     tasks: tuple[str, ...] = ("classification", "regression")
-    # rules across the algo keys and the rest of the config (raise ConfigError)
-    check: Callable[[DictConfig], None] = lambda cfg: None
 
     def client_data(self, cfg: DictConfig, fd: FederatedData, partition_id: int,
                     device: str) -> Any:
@@ -100,14 +98,6 @@ def _gpfl_model(cfg: DictConfig) -> torch.nn.Module:
     return GpflNet(net, DATASETS[cfg.dataset].num_classes)
 
 
-def _check_phases(cfg: DictConfig) -> None:
-    """Every phase needs at least one of the round's active clients."""
-    phases, k = int(cfg.algo.phases), clients_per_round(cfg)
-    if phases > k:
-        raise ConfigError(f"algo.phases={phases}: must be <= the clients per round ({k}, "
-                          "federation.clients-per-round or fraction-fit x num-clients)")
-
-
 CLASSES = ("classification",)
 FEDREB = Algorithm(FedReb, FedRebClient, FedRebSettings, transforms=("rebalance",),
                    tasks=CLASSES)
@@ -129,8 +119,8 @@ ALGORITHMS: dict[str, Algorithm] = {
     "feddropout": Algorithm(FedDropout, PartialClient, **PARTIAL),
     "gpfl": Algorithm(FedAvg, GpflClient, GpflSettings, model=_gpfl_model, tasks=CLASSES),
     "fedcyclic": Algorithm(FedCyclic, FedAvgClient, FedCyclicSettings),  # seed 003, relay
-    "phase-shift": Algorithm(PhaseShift, PhaseShiftClient, PhaseShiftSettings,
-                             check=_check_phases),  # seed 002 Ch. 4
+    "phase-shift": Algorithm(PhaseShift, PhaseShiftClient, PhaseShiftSettings),  # seed 002
+    "local": Algorithm(Local, LocalClient),  # seed 003 baseline: local models, no sharing
     "fedreb": FEDREB,  # seed 000 (client-scope threshold)
     "fedreg": FEDREB,  # seed 001 (global-scope threshold); same code, other preset
 }

@@ -36,6 +36,10 @@ class AlgoSettings:
         """State entries a client uploads and the server averages ('' = the whole model)."""
         return ""
 
+    def check_run(self, cfg: Any) -> None:
+        """Rules that tie algo keys to the rest of the config (e.g. Fed-Cyclic's chains <=
+        clients per round); raise ConfigError. Default: none."""
+
 
 def setting(default: Any, *, ge: float | None = None, gt: float | None = None,
             le: float | None = None, choices: Sequence[str] | None = None,

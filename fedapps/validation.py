@@ -92,7 +92,7 @@ def validate(cfg: DictConfig, check_data: bool = True) -> None:
         k = _integer(cfg, "federation.clients-per-round", 1)
         _require(k <= n, "federation.clients-per-round", k,
                  f"must be <= federation.num-clients ({n})")
-    ALGORITHMS[cfg.algorithm].check(cfg)  # the algorithm's own cross-key rules
+    algo_settings(cfg).check_run(cfg)  # algo keys that depend on the federation
     mff = _number(cfg, "federation.min-fit-fraction")
     _require(0 < mff <= 1, "federation.min-fit-fraction", mff, "must be in (0, 1]")
     _choice(cfg, "federation.on-too-few", ("stop", "skip"))

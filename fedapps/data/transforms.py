@@ -2,10 +2,11 @@
 
 A transform maps one client's local data (normalized train/test tensors plus `extras`) to new
 local data, once per client and process: FedReb's rebalanced set (`rebalance`), label noise,
-FedAug (`fedaug`), and later label averaging. `data.transforms` lists them in order; an algorithm's
-registry entry may require some (fedreb/fedreg: `rebalance`), which are prepended unless the
-list already names them. Each step is seeded from (seed, partition id, position), memoized in
-`FederatedData.memo`, and a costly step may keep its arrays on disk with `ctx.disk_cache`.
+FedAug (`fedaug`), label averaging (`label-averaging`). `data.transforms` lists them in order;
+an algorithm's registry entry may require some (fedreb/fedreg: `rebalance`), which are
+prepended unless the list already names them. Each step is seeded from (seed, partition id,
+position), memoized in `FederatedData.memo`, and a costly step may keep its arrays on disk
+with `ctx.disk_cache`.
 
 Adding a transform = one function (here or in its own module) + one `TRANSFORMS` entry (+ its
 `data.<name>.*` keys in conf/defaults.yaml).
@@ -24,7 +25,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, ListConfig
 
-from fedapps.data import fedaug, rebalance
+from fedapps.data import fedaug, label_averaging, rebalance
 from fedapps.data.datasets import DATASETS, TASKS, DatasetInfo, cache_dir
 from fedapps.data.params import Param, present, read_params
 from fedapps.errors import ConfigError
@@ -116,6 +117,10 @@ TRANSFORMS: dict[str, Transform] = {
     "fedaug": Transform(fedaug.transform, fedaug.PARAMS, ("classification",), _images_only,
                         "seed 002 FedAug: raise the rarest classes with augmented copies to "
                         "the target augmented-EMD"),
+    "label-averaging": Transform(label_averaging.transform, label_averaging.PARAMS,
+                                 ("classification",), _two_classes,
+                                 "oversample classes below the mean count per class over "
+                                 "clients up to it (seed 003 Algorithm 3)"),
 }
 
 
