@@ -33,7 +33,9 @@ from strategies.fedavg import FedAvg
 from strategies.fedcyclic import FedCyclic, FedCyclicSettings
 from strategies.feddyn import FedDyn
 from strategies.fedreb import FedReb
+from strategies.fedstar import FedStar, FedStarSettings
 from strategies.partial import FedDropout, FedRolex, HeteroFL
+from strategies.ringfed import RingFed, RingFedSettings
 
 
 def make_model(cfg: DictConfig) -> SplitNet:
@@ -109,6 +111,9 @@ ALGORITHMS: dict[str, Algorithm] = {
     "feddropout": Algorithm(FedDropout, PartialClient, **PARTIAL),
     "gpfl": Algorithm(FedAvg, GpflClient, GpflSettings, model=_gpfl_model, tasks=CLASSES),
     "fedcyclic": Algorithm(FedCyclic, FedAvgClient, FedCyclicSettings),  # seed 003, relay
+    # seed 003, P periods of peer pre-aggregation; Fed-Star scores peers by accuracy
+    "fedstar": Algorithm(FedStar, FedAvgClient, FedStarSettings, tasks=CLASSES),
+    "ringfed": Algorithm(RingFed, FedAvgClient, RingFedSettings),
     "fedreb": FEDREB,  # seed 000 (client-scope threshold)
     "fedreg": FEDREB,  # seed 001 (global-scope threshold); same code, other preset
 }
