@@ -38,9 +38,11 @@ from strategies.feddyn import FedDyn
 from strategies.fednova import FedNova
 from strategies.fedprox import FedProx
 from strategies.fedreb import FedReb
+from strategies.fedstar import FedStar, FedStarSettings
 from strategies.local import Local
 from strategies.partial import FedDropout, FedRolex, HeteroFL
 from strategies.phaseshift import PhaseShift
+from strategies.ringfed import RingFed, RingFedSettings
 
 
 def make_model(cfg: DictConfig) -> SplitNet:
@@ -121,6 +123,9 @@ ALGORITHMS: dict[str, Algorithm] = {
     "fedcyclic": Algorithm(FedCyclic, FedAvgClient, FedCyclicSettings),  # seed 003, relay
     "phase-shift": Algorithm(PhaseShift, PhaseShiftClient, PhaseShiftSettings),  # seed 002
     "local": Algorithm(Local, LocalClient),  # seed 003 baseline: local models, no sharing
+    # seed 003, P periods of peer pre-aggregation; Fed-Star scores peers by accuracy
+    "fedstar": Algorithm(FedStar, FedAvgClient, FedStarSettings, tasks=CLASSES),
+    "ringfed": Algorithm(RingFed, FedAvgClient, RingFedSettings),
     "fedreb": FEDREB,  # seed 000 (client-scope threshold)
     "fedreg": FEDREB,  # seed 001 (global-scope threshold); same code, other preset
 }
