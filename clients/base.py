@@ -8,6 +8,7 @@ batching, seeding, state, counting correct predictions - lives here once.
 
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -258,6 +259,16 @@ class BaseClient(NumPyClient):
     def snapshot(self, module: nn.Module) -> list[torch.Tensor]:
         """Detached copies of a module's parameters (e.g. the received global model)."""
         return [p.detach().clone() for p in module.parameters()]
+
+    def persistent_copy(self, module: nn.Module, name: str) -> nn.Module:
+        """A copy of `module` kept across rounds under `name` (a personal head or model): the
+        saved one when this node has it, else the initial one (the seeded model every process
+        builds), so a client that never trained still has a defined personal model."""
+        kept = copy.deepcopy(module).to(self.device)
+        saved = self.load_state(name)
+        if saved is not None:
+            set_arrays(kept, saved)
+        return kept
 
     def save_state(self, name: str, arrays: list[np.ndarray]) -> None:
         """Keep arrays across rounds: in Flower's per-node context state and, when the node

@@ -7,13 +7,12 @@ FedAvg and is uploaded. G uses the global model, P the personal one.
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from clients.arrays import get_arrays, set_arrays
+from clients.arrays import get_arrays
 from clients.base import BaseClient
 from fedapps.settings import AlgoSettings, setting
 
@@ -31,10 +30,7 @@ class DittoClient(BaseClient):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.personal = copy.deepcopy(self.model)  # the initial model until first trained
-        saved = self.load_state(STATE)
-        if saved is not None:
-            set_arrays(self.personal, saved)
+        self.personal = self.persistent_copy(self.model, STATE)
 
     def train_personal(self, w_global: list[torch.Tensor], epochs: int) -> float:
         lam = self.algo.lambda_

@@ -12,7 +12,6 @@ that the results contract stays the same for every algorithm, and is documented 
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import numpy as np
@@ -27,10 +26,7 @@ STATE = "local-model"
 class LocalClient(BaseClient):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.local = copy.deepcopy(self.model)  # the initial model until first trained
-        saved = self.load_state(STATE)
-        if saved is not None:
-            set_arrays(self.local, saved)
+        self.local = self.persistent_copy(self.model, STATE)
 
     def load_global(self, parameters: list[np.ndarray]) -> None:
         """Only evaluation sends a model (the untrained global one, for G)."""

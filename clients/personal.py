@@ -4,12 +4,11 @@ and P from the global base with the personal head (subclasses may combine heads)
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import torch
 
-from clients.arrays import get_arrays, set_arrays
+from clients.arrays import get_arrays
 from clients.base import BaseClient
 
 
@@ -22,10 +21,7 @@ class PersonalHeadClient(BaseClient):
         super().__init__(*args, **kwargs)
         # The personal head starts as the initial head (the seeded model every process
         # builds), so a client that has never trained still has a defined personal model.
-        self.personal = copy.deepcopy(self.model.head).to(self.device)
-        saved = self.load_state(self.state_key)
-        if saved is not None:
-            set_arrays(self.personal, saved)
+        self.personal = self.persistent_copy(self.model.head, self.state_key)
 
     def save_personal(self) -> None:
         self.save_state(self.state_key, get_arrays(self.personal))

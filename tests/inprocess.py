@@ -18,6 +18,35 @@ from flwr.common import (
 OK = Status(Code.OK, "")
 
 
+def digits_setup(num_clients: int):
+    """(cfg, federated data) of a small digits federation: quickstart, 1 local epoch, the
+    digits CNN; what the in-process strategy tests run on."""
+    from fedapps.config import load_config
+    from fedapps.data import federated_data
+
+    cfg = load_config("quickstart", [f"federation.num-clients={num_clients}",
+                                     "train.local-epochs=1", "model.name=digits-cnn"])
+    return cfg, federated_data(cfg)
+
+
+def train_accuracy(setup, pid: int, arrays) -> float:
+    """Accuracy of a model with `arrays` on client pid's train split, computed directly (the
+    independent check of a client's cross-evaluation score)."""
+    import torch
+
+    from clients.arrays import set_arrays
+    from fedapps.registry import make_model
+
+    cfg, fd = setup
+    model = make_model(cfg)
+    set_arrays(model, arrays)
+    model.eval()
+    data = fd.client(pid)
+    with torch.no_grad():
+        correct = int((model(data.x_train).argmax(1) == data.y_train).sum())
+    return correct / len(data.y_train)
+
+
 class LocalProxy:
     def __init__(self, cid: str, client) -> None:
         self.cid, self.client = cid, client

@@ -7,23 +7,20 @@ import pytest
 from clients.arrays import get_arrays
 from clients.fedavg import FedAvgClient
 from fedapps.config import ConfigError, load_config
-from fedapps.data import federated_data
 from fedapps.runtime import make_model, train_settings
 from fedapps.settings import build_settings
 from fedapps.validation import validate
 from strategies.fedavg import FedAvg
 from strategies.fedcyclic import FedCyclic, FedCyclicSettings
 from strategies.uploads import Upload
-from tests.inprocess import run
+from tests.inprocess import digits_setup, run
 
 K = 4
 
 
 @pytest.fixture(scope="module")
 def setup():
-    cfg = load_config("quickstart", [f"federation.num-clients={K}", "train.local-epochs=1",
-                                     "model.name=digits-cnn"])
-    return cfg, federated_data(cfg)
+    return digits_setup(K)
 
 
 def build(setup, cls=FedCyclic, per_round=K, algo=None, **kw):

@@ -7,22 +7,18 @@ from flwr.common import Context, RecordDict
 
 from clients.arrays import get_arrays
 from clients.local import LocalClient
-from fedapps.config import load_config
-from fedapps.data import federated_data
 from fedapps.evaluation import evaluate_sums
 from fedapps.runtime import make_model, train_settings
 from fedapps.tasks import TASKS
 from strategies.local import Local
-from tests.inprocess import run
+from tests.inprocess import digits_setup, run
 
 K = 3
 
 
 @pytest.fixture(scope="module")
 def setup():
-    cfg = load_config("quickstart", [f"federation.num-clients={K}", "train.local-epochs=1",
-                                     "model.name=digits-cnn"])
-    return cfg, federated_data(cfg)
+    return digits_setup(K)
 
 
 def context() -> Context:

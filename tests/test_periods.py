@@ -6,28 +6,24 @@ arrays and records."""
 
 import numpy as np
 import pytest
-import torch
 from flwr.common import ndarrays_to_parameters
 
-from clients.arrays import get_arrays, set_arrays
+from clients.arrays import get_arrays
 from clients.fedavg import FedAvgClient
 from fedapps.config import load_config
-from fedapps.data import federated_data
 from fedapps.errors import ConfigError
 from fedapps.runtime import make_model, train_settings
 from fedapps.validation import validate
 from strategies.fedstar import FedStar, FedStarSettings
 from strategies.ringfed import RingFed, RingFedSettings
-from tests.inprocess import run
+from tests.inprocess import digits_setup, run, train_accuracy
 
 N, ROUNDS = 3, 2
 
 
 @pytest.fixture(scope="module")
 def setup():
-    cfg = load_config("quickstart", [f"federation.num-clients={N}", "train.local-epochs=1",
-                                     "model.name=digits-cnn"])
-    return cfg, federated_data(cfg)
+    return digits_setup(N)
 
 
 def build(setup, cls=FedStar, settings=None, **kw):
@@ -40,16 +36,6 @@ def build(setup, cls=FedStar, settings=None, **kw):
     clients = {pid: FedAvgClient(make_model(cfg), fd.client(pid), train_settings(cfg), pid)
                for pid in range(N)}
     return strategy, clients
-
-
-def train_accuracy(setup, pid, arrays):
-    cfg, fd = setup
-    model = make_model(cfg)
-    set_arrays(model, arrays)
-    model.eval()
-    data = fd.client(pid)
-    with torch.no_grad():
-        return int((model(data.x_train).argmax(1) == data.y_train).sum()) / len(data.y_train)
 
 
 def combine(models, weights):

@@ -14,7 +14,6 @@ from clients.arrays import get_arrays
 from clients.fedavg import FedAvgClient
 from clients.phaseshift import PhaseShiftClient, PhaseShiftSettings
 from fedapps.config import load_config
-from fedapps.data import federated_data
 from fedapps.errors import ConfigError
 from fedapps.runtime import make_model, train_settings
 from fedapps.validation import validate
@@ -35,7 +34,7 @@ from strategies.phases import (
 )
 from strategies.phaseshift import PhaseShift
 from strategies.sampling import sample_clients
-from tests.inprocess import run
+from tests.inprocess import digits_setup, run
 
 K = 8
 
@@ -109,9 +108,7 @@ def test_local_steps_of_fractional_epochs():
 # ---- clients ----------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def setup():
-    cfg = load_config("quickstart", [f"federation.num-clients={K}", "train.local-epochs=1",
-                                     "model.name=digits-cnn"])
-    return cfg, federated_data(cfg)
+    return digits_setup(K)
 
 
 def test_steps_option_repeats_the_epoch_loop_and_stops_mid_epoch(setup):

@@ -4,20 +4,17 @@ plan, and the server optimizer applied after any algorithm's aggregation."""
 
 import numpy as np
 import pytest
-import torch
 from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
 
-from clients.arrays import get_arrays, set_arrays
+from clients.arrays import get_arrays
 from clients.fedavg import FedAvgClient
-from fedapps.config import load_config
-from fedapps.data import federated_data
 from fedapps.runtime import make_model, train_settings
 from strategies.aggregation import weighted_average
 from strategies.base import BaseStrategy
 from strategies.plan import Assignment, cross_evaluation
 from strategies.server_opt import ServerOptimizer
 from strategies.uploads import Upload, check_upload
-from tests.inprocess import run
+from tests.inprocess import digits_setup, run, train_accuracy
 
 OK = Status(Code.OK, "")
 N = 3
@@ -49,9 +46,7 @@ class TrainThenScore(BaseStrategy):
 
 @pytest.fixture(scope="module")
 def setup():
-    cfg = load_config("quickstart", [f"federation.num-clients={N}", "train.local-epochs=1",
-                                     "model.name=digits-cnn"])
-    return cfg, federated_data(cfg)
+    return digits_setup(N)
 
 
 def clients_for(setup):
@@ -65,17 +60,6 @@ def strategy(setup, cls=BaseStrategy, **kw):
     model = make_model(cfg)
     return cls(initial_arrays=get_arrays(model), array_names=list(model.state_dict()),
                num_rounds=1, num_clients=N, clients_per_round=N, seed=0, **kw)
-
-
-def train_accuracy(setup, pid, arrays):
-    cfg, fd = setup
-    model = make_model(cfg)
-    set_arrays(model, arrays)
-    model.eval()
-    data = fd.client(pid)
-    with torch.no_grad():
-        correct = int((model(data.x_train).argmax(1) == data.y_train).sum())
-        return correct / len(data.y_train)
 
 
 def test_cross_evaluation_scores_every_model_on_the_clients_train_split(setup):

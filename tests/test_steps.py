@@ -7,12 +7,10 @@ import pytest
 
 from clients.arrays import get_arrays
 from clients.fedavg import FedAvgClient
-from fedapps.config import load_config
-from fedapps.data import federated_data
 from fedapps.runtime import make_model, train_settings
 from strategies.fedcyclic import FedCyclic, FedCyclicSettings
 from strategies.steps import StepClock
-from tests.inprocess import run
+from tests.inprocess import digits_setup, run
 
 NUM_CLIENTS, HOPS = 4, 3
 
@@ -32,9 +30,7 @@ def test_clock_maps_flower_rounds_to_round_and_step():
 
 @pytest.fixture(scope="module")
 def setup():
-    cfg = load_config("quickstart", [f"federation.num-clients={NUM_CLIENTS}",
-                                     "train.local-epochs=1", "model.name=digits-cnn"])
-    return cfg, federated_data(cfg)
+    return digits_setup(NUM_CLIENTS)
 
 
 def build(setup, **kw):

@@ -368,28 +368,31 @@ def ll_solutions(target: float, num_classes: int) -> list[tuple[int, float]]:
 
 def _solve_ll(params: dict[str, Any], target: float, ctx: SolveContext) -> dict[str, Any]:
     """ll: f for the configured label-limit; the error lists every t that reaches the target."""
-    m, t = ctx.num_classes, params["label_limit"]
-    solutions = dict(ll_solutions(target, m))
-    if not solutions:
-        raise _unreachable(target, "limit-label", 0, _top(m))
-    if t not in solutions:
-        listed = ", ".join(f"{s} (f={f:.3f})" for s, f in solutions.items())
-        raise ConfigError(f"data.target-emd={target:g}: data.label-limit={t} cannot reach it "
-                          f"(f <= 1); reachable with data.label-limit {listed}")
-    return {**params, "fraction_noniid": solutions[t]}
+    m = ctx.num_classes
+    f = _for_label_limit(params, target, dict(ll_solutions(target, m)), "limit-label", m, "f")
+    return {**params, "fraction_noniid": f}
 
 
 def _solve_llq(params: dict[str, Any], target: float, ctx: SolveContext) -> dict[str, Any]:
     """ll_q: q = EMD/2 + t/M (the q >= t/M branch), t the configured label-limit."""
-    m, t = ctx.num_classes, params["label_limit"]
+    m = ctx.num_classes
     reach = {s: target / 2 + s / m for s in range(1, m) if target / 2 + s / m <= 1 + 1e-9}
+    q = _for_label_limit(params, target, reach, "limit-label-q", m, "q")
+    return {**params, "q": _rounded(min(q, 1.0))}
+
+
+def _for_label_limit(params: dict[str, Any], target: float, reach: dict[int, float],
+                     sampler: str, m: int, name: str) -> float:
+    """The solved parameter for the configured label-limit t; one-line errors that list the
+    reachable range, or every t that reaches the target."""
+    t = params["label_limit"]
     if not reach:
-        raise _unreachable(target, "limit-label-q", 0, _top(m))
+        raise _unreachable(target, sampler, 0, _top(m))
     if t not in reach:
-        listed = ", ".join(f"{s} (q={q:.3f})" for s, q in reach.items())
+        listed = ", ".join(f"{s} ({name}={v:.3f})" for s, v in reach.items())
         raise ConfigError(f"data.target-emd={target:g}: data.label-limit={t} cannot reach it "
-                          f"(q <= 1); reachable with data.label-limit {listed}")
-    return {**params, "q": _rounded(min(reach[t], 1.0))}
+                          f"({name} <= 1); reachable with data.label-limit {listed}")
+    return reach[t]
 
 
 def _solve_q(params: dict[str, Any], target: float, ctx: SolveContext) -> dict[str, Any]:
