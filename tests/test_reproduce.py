@@ -239,7 +239,19 @@ def test_jobs_run_concurrently_and_give_the_same_table(tmp_path):
     assert again.calls == []
 
 
-def test_interrupted_parallel_grid_stops_the_running_runs(tmp_path):
+@pytest.fixture
+def default_ctrl_c():
+    """Python's own Ctrl-C behaviour for this test, whatever an earlier test in the process
+    left behind (a replaced SIGINT handler or a blocked SIGINT would swallow the signal)."""
+    before = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    blocked = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    yield
+    signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+    signal.signal(signal.SIGINT, before)
+
+
+def test_interrupted_parallel_grid_stops_the_running_runs(tmp_path, default_ctrl_c):
     from fedapps.config import ConfigError
 
     stopped, lines = [], []

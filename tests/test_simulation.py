@@ -86,7 +86,7 @@ def test_fedreb_simulation_keeps_personal_heads_across_rounds(tmp_path):
     ("fedprox", []), ("feddyn", []), ("ditto", ["algo.personal-epochs=1"]),
     ("fedper", ["algo.shared-prefix=base."]), ("fedrep", ["algo.head-epochs=1"]),
     ("fedbabu", ["algo.finetune-epochs=2"]), ("fedrod", []), ("gpfl", []),
-    ("fednova", []), ("fedprox", ["algo.mu-mode=auto"]),  # seed 002 baselines
+    ("fedprox", ["algo.mu-mode=auto"]),  # seed 002 (FedNova's runs in tests/test_fednova.py)
 ])
 def test_baseline_runs_two_rounds_in_a_real_simulation(tmp_path, algorithm, extra):
     _, doc = run(tmp_path, "fedreb-quick", "r", "rounds=2", f"algorithm={algorithm}", *extra)
