@@ -39,7 +39,7 @@ from fedapps.tasks import TASKS, Task
 from strategies import uploads
 from strategies.aggregation import weighted_average
 from strategies.nodes import NodeDirectory
-from strategies.plan import CROSS_EVALUATE, Assignment, RoundPlan
+from strategies.plan import CROSS_EVALUATE, TRAIN, Assignment, RoundPlan
 from strategies.records import RoundLog, progress_line, round_record, step_line
 from strategies.sampling import sample_clients, sample_evaluators
 from strategies.steps import StepClock
@@ -244,11 +244,13 @@ class BaseStrategy(Strategy):
         for a in plan.assignments:
             if a.partition_id not in clients:
                 continue
-            params = serialized.setdefault(id(a.arrays), ndarrays_to_parameters(a.arrays))
+            if id(a.arrays) not in serialized:  # setdefault would serialize every time
+                serialized[id(a.arrays)] = ndarrays_to_parameters(a.arrays)
+            params = serialized[id(a.arrays)]
             config: dict[str, Scalar] = {"server-round": r, **a.config}
             if step:
                 config["step"] = step
-            if a.task != "train":
+            if a.task != TRAIN:
                 config["task"] = a.task
             instructions.append((clients[a.partition_id], FitIns(params, config)))
             nbytes = parameters_nbytes(params)

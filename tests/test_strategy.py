@@ -149,6 +149,19 @@ def test_configure_fit_sends_round_and_counts_bytes():
     ins = s.configure_fit(1, ndarrays_to_parameters(INIT), FakeManager(proxies))
     assert len(ins) == 3
     assert all(fi.config["server-round"] == 1 for _, fi in ins)
+    assert len({id(fi.parameters) for _, fi in ins}) == 1  # one message body, shared
+
+
+def test_arrays_shared_by_several_clients_are_serialized_once(monkeypatch):
+    import strategies.base as base
+
+    calls = []
+    real = base.ndarrays_to_parameters
+    monkeypatch.setattr(base, "ndarrays_to_parameters",
+                        lambda arrays: calls.append(1) or real(arrays))
+    s = make_strategy()
+    ins = s.configure_fit(1, None, FakeManager([FakeProxy(f"n{i}", i) for i in range(6)]))
+    assert len(ins) == 3 and len(calls) == 1
     one = sum(len(t) for t in ndarrays_to_parameters(INIT).tensors)
     assert s.current.bytes_down == 3 * one
 
