@@ -98,20 +98,25 @@ def check_owner(run_dir: Path, run_id: str | None) -> None:
                            "stopping without writing")
 
 
-def _holds_run(run_dir: Path) -> bool:
-    return any((run_dir / name).exists() for name in RUN_FILES)
+def _holds_run(run_dir: Path, status: str | None) -> bool:
+    """Something a new run would destroy: a completed run, or one that can be resumed (a run
+    that stopped before its first checkpoint has nothing to keep)."""
+    return status == "completed" or (run_dir / "checkpoint.npz").is_file()
 
 
 def clear(run_dir: Path) -> None:
     """Remove what a run wrote (RUN_FILES, plots, RUN_FOLDERS, temporary files) and its
-    simulated clients' state; the lock and any other file stay."""
+    simulated clients' state; the lock and any other file stay. A directory without a run id
+    or results is not a run's: only the clients' state is removed there."""
+    shutil.rmtree(client_state_root(run_dir) / run_dir.name, ignore_errors=True)
+    if not any((run_dir / name).is_file() for name in (RUN_ID, "results.json")):
+        return
     for path in run_dir.iterdir():
         temporary = path.name.startswith(".") and ".tmp" in path.name
         if path.name in RUN_FILES or path.suffix == ".png" or temporary:
             path.unlink(missing_ok=True)
         elif path.name in RUN_FOLDERS and path.is_dir():
             shutil.rmtree(path)
-    shutil.rmtree(client_state_root(run_dir) / run_dir.name, ignore_errors=True)
 
 
 def _prepare(run_dir: Path, mode: str) -> str:
@@ -123,16 +128,15 @@ def _prepare(run_dir: Path, mode: str) -> str:
             raise ConfigError(f"{run_dir}: no {RUN_ID} file (a run from before run ids): its "
                               "client state cannot be matched; start it again with --overwrite")
         return check_run_id(run_id)
-    if _holds_run(run_dir):
-        if mode == REDO_UNFINISHED and status == "completed":
-            raise RunCompleted(f"{run_dir}: completed meanwhile")
-        if mode == NEW:
-            if status == "completed":
-                raise RunDirTaken(f"{run_dir}: holds a completed run; add --overwrite to replace "
-                                  "it, or choose another --set output.run-name=...")
-            raise RunDirTaken(f"{run_dir}: holds an unfinished run; `fedapps resume {run_dir}` "
-                              "continues it, --overwrite starts it again")
-        clear(run_dir)
+    if mode == REDO_UNFINISHED and status == "completed":
+        raise RunCompleted(f"{run_dir}: completed meanwhile")
+    if mode == NEW and status == "completed":
+        raise RunDirTaken(f"{run_dir}: holds a completed run; add --overwrite to replace it, "
+                          "or choose another --set output.run-name=...")
+    if mode == NEW and _holds_run(run_dir, status):
+        raise RunDirTaken(f"{run_dir}: holds an unfinished run; `fedapps resume {run_dir}` "
+                          "continues it, --overwrite starts it again")
+    clear(run_dir)  # whatever an earlier run left (a run id, a first round's partial results)
     run_id = uuid.uuid4().hex[:16]
     tmp = run_dir / f".{RUN_ID}.{os.getpid()}.tmp"
     tmp.write_text(run_id + "\n")

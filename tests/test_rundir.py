@@ -138,6 +138,10 @@ def test_a_completed_or_unfinished_run_is_refused_without_overwrite(tmp_path, ca
     unfinished = "holds an unfinished run; `fedapps resume .*half` continues it"
     with pytest.raises(rundir.RunDirTaken, match=unfinished), rundir.claim(tmp_path / "half"):
         pass
+    # a run that stopped before its first checkpoint has nothing to keep: replaced
+    (tmp_path / "half" / "checkpoint.npz").unlink()
+    with rundir.claim(tmp_path / "half") as run_id:
+        assert run_id != "oldrun" and not (tmp_path / "half" / "results.json").exists()
 
 
 def test_overwrite_removes_the_old_run_and_its_client_state_only(tmp_path):
@@ -147,6 +151,11 @@ def test_overwrite_removes_the_old_run_and_its_client_state_only(tmp_path):
         assert run_id != "oldrun" and rundir.read_run_id(old) == run_id
         assert sorted(p.name for p in old.iterdir()) == [".lock", "notes.txt", "run-id"]
         assert not (rundir.client_state_root(old) / "r").exists()
+    # a folder that is no run's (no run id, no results): its files stay
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "photo.png").write_bytes(b"png")
+    with rundir.claim(tmp_path / "mine", rundir.OVERWRITE):
+        assert (tmp_path / "mine" / "photo.png").is_file()
 
 
 def test_a_grid_reruns_an_unfinished_run_clean_and_keeps_a_completed_one(tmp_path):
