@@ -18,7 +18,7 @@ from fedapps.errors import ConfigError
 from fedapps.paths import data_root
 
 OVERWRITE_HELP = ("replace a run already in the run directory (without it, a completed or "
-                  "unfinished run there is an error)")
+                  "resumable run there is an error)")
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, Any]:

@@ -66,4 +66,5 @@ def client_state_dir(node: Mapping[str, Any], run_config: Mapping[str, Any], cfg
     run_id = check_run_id(str(run_config.get("run-id") or f"flwr-{flower_run_id}"))
     return Path(str(root)) / str(cfg.output["run-name"]) / run_id / f"partition-{partition_id}"
 
+
 app = ClientApp(client_fn=client_fn)
