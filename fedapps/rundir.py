@@ -30,7 +30,7 @@ RUN_ID = "run-id"
 CLIENT_STATE = ".client-state"  # simulation clients' state: <output-dir>/.client-state/<run>/
 
 # What a new run may do with a directory that already holds a run.
-NEW = "new"  # refuse it (the default of `fedapps run` / `deploy-local`)
+NEW = "new"  # refuse a completed or resumable one (the default of `fedapps run`/`deploy-local`)
 OVERWRITE = "overwrite"  # replace it (`--overwrite`)
 RESUME = "resume"  # continue it with its run id (`fedapps resume`)
 REDO_UNFINISHED = "redo-unfinished"  # replace an unfinished run, keep a completed one (grids)
@@ -41,7 +41,8 @@ RUN_FILES = ("results.json", "metrics.csv", "config.yaml", "checkpoint.npz", RUN
 RUN_FOLDERS = ("node-state", "wandb")
 
 # Config keys a resume may change: they neither change the model, the data nor the training,
-# only how long the run goes on and what it reports (README, "Stopping and resuming").
+# only how long the run goes on, how long it waits and what it reports (README, "Run
+# directories, stopping and resuming").
 RESUMABLE = ("rounds", "output.plots", "federation.round-timeout", "wandb.*")
 
 _ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
