@@ -10,6 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
+from fedapps.rundir import check_owner
+
 FILE = "checkpoint.npz"
 
 
@@ -29,7 +31,10 @@ class Snapshot:
         return self.round if self.step is None else self.round - 1
 
 
-def save(run_dir: Path, snap: Snapshot) -> Path:
+def save(run_dir: Path, snap: Snapshot, run_id: str | None = None) -> Path:
+    """Write the snapshot; with `run_id`, only while the directory still belongs to that run
+    (fedapps/rundir.py)."""
+    check_owner(run_dir, run_id)
     arrays = {f"global_{i}": a for i, a in enumerate(snap.global_arrays)}
     for name, values in snap.state.items():
         if "__" in name:

@@ -12,9 +12,13 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from fedapps.config import available
+from fedapps import rundir
+from fedapps.config import available, to_container
 from fedapps.errors import ConfigError
 from fedapps.paths import data_root
+
+OVERWRITE_HELP = ("replace a run already in the run directory (without it, a completed or "
+                  "resumable run there is an error)")
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, Any]:
@@ -30,6 +34,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, Any]:
                        help="override a config key, e.g. --set rounds=5 --set data.alpha=0.5")
         if name == "run":
             s.add_argument("--verbose", action="store_true", help="show Flower's whole log")
+            s.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     d = sub.add_parser("deploy-local", help="run an experiment on a real SuperLink + SuperNodes "
                        "(separate processes, loopback gRPC/HTTP)")
     d.add_argument("experiment")
@@ -40,6 +45,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, Any]:
                    help="TLS + SuperNode authentication with the certificates and keys of "
                         "deploy/make_certs.py in DIR (made there if DIR is empty)")
     d.add_argument("--verbose", action="store_true", help="show Flower's whole log")
+    d.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     n = sub.add_parser("node", help="start one SuperNode for this app (e.g. on a Jetson)")
     n.add_argument("--superlink", required=True, help="SuperLink Fleet address host:port")
     n.add_argument("--partition-id", type=int, required=True)
@@ -54,7 +60,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, Any]:
     r = sub.add_parser("resume", help="continue a stopped run from its checkpoint")
     r.add_argument("run_dir", help="outputs/<run-name> of the run to continue")
     r.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="e.g. --set rounds=50 to run further than first planned")
+                   help="only rounds (e.g. --set rounds=50 to run further than first planned), "
+                        "output.plots, federation.round-timeout and wandb.* may change")
     r.add_argument("--verbose", action="store_true")
     sub.add_parser("list", help="list experiments, datasets, algorithms and grids")
     return p, sub
@@ -67,19 +74,34 @@ def _resolve(experiment: str, overrides: list[str]):
 
 
 def _resume(args: argparse.Namespace) -> int:
+    """Continue a run from its checkpoint, with its run id (so its clients find their state).
+    Everything is checked before anything is written: only RESUMABLE keys may change, and the
+    rounds must go beyond the checkpoint's (a completed run stays as it is otherwise)."""
     import shlex
+
+    from fedapps.checkpoint import load
 
     run = Path(args.run_dir).resolve()
     try:
         invocation = json.loads((run / "results.json").read_text())["invocation"]
-    except (OSError, KeyError, json.JSONDecodeError):
+    except (OSError, KeyError, TypeError, json.JSONDecodeError):
         raise ConfigError(f"{run}: no results.json with an invocation to resume") from None
-    if not (run / "checkpoint.npz").is_file():
+    saved = load(run)
+    if saved is None:
         raise ConfigError(f"{run}: no checkpoint.npz (the run stopped before its first round)")
     args.experiment = invocation["experiment"]
-    args.overrides = [*shlex.split(invocation["overrides"]), f"output.output-dir={run.parent}",
-                      f"output.run-name={run.name}", "output.resume=true", *args.overrides]
-    return _run(args)
+    base = [*shlex.split(invocation["overrides"]), f"output.output-dir={run.parent}",
+            f"output.run-name={run.name}", "output.resume=true"]
+    cfg = _resolve(args.experiment, [*base, *args.overrides])
+    rundir.check_resume_changes(to_container(_resolve(args.experiment, base)),
+                                to_container(cfg))
+    done = saved.completed_rounds
+    if int(cfg.rounds) <= done:
+        raise ConfigError(f"{run}: rounds={cfg.rounds} but the run ({rundir.run_status(run)}) "
+                          f"has done {done} rounds; `fedapps resume {run} --set rounds=N` with "
+                          f"N > {done} runs it further")
+    args.overrides = [*base, *args.overrides]
+    return _run(args, mode=rundir.RESUME)
 
 
 def _named_run(args: argparse.Namespace):
@@ -93,7 +115,12 @@ def _named_run(args: argparse.Namespace):
     return cfg, run_dir(cfg), int(cfg.federation["num-clients"])
 
 
-def _run(args: argparse.Namespace) -> int:
+def _mode(args: argparse.Namespace) -> str:
+    """What a new run does with a run already in its directory (fedapps/rundir.py)."""
+    return rundir.OVERWRITE if getattr(args, "overwrite", False) else rundir.NEW
+
+
+def _run(args: argparse.Namespace, mode: str | None = None) -> int:
     from fedapps.launcher import gpus_per_client, run_experiment
 
     cfg, out, n = _named_run(args)
@@ -102,7 +129,8 @@ def _run(args: argparse.Namespace) -> int:
     status = run_experiment(cfg.experiment, args.overrides + [f"output.run-name={out.name}",
                                                                f"output.output-dir={out.parent}"],
                             n, out, gpus_per_client=gpus_per_client(str(cfg.device)),
-                            show=(lambda line: True) if args.verbose else _show)
+                            show=(lambda line: True) if args.verbose else _show,
+                            mode=mode or _mode(args))
     return _report(status, out)
 
 
@@ -141,7 +169,8 @@ def _deploy_local(args: argparse.Namespace) -> int:
     status = run_federation(cfg.experiment, args.overrides, n, out, data_root=data_root(cfg),
                             state_root=state,
                             secure=Path(args.tls).resolve() if args.tls else None,
-                            show=(lambda line: True) if args.verbose else _show)
+                            show=(lambda line: True) if args.verbose else _show,
+                            mode=_mode(args))
     return _report(status, out)
 
 

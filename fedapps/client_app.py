@@ -19,6 +19,7 @@ from clients.faulty import FaultyClient
 from fedapps.data import federated_data
 from fedapps.errors import ConfigError
 from fedapps.registry import ALGORITHMS, algo_settings
+from fedapps.rundir import check_run_id
 from fedapps.runtime import config_from_run, dataset_task, select_device, train_settings
 
 
@@ -42,7 +43,8 @@ def client_fn(context: Context) -> Client:
     local = spec.client_data(cfg, federated_data(cfg), pid, device)
     client = spec.client(spec.model(cfg), local, train_settings(cfg), pid, context=context,
                          algo=algo_settings(cfg), device=device,
-                         state_dir=client_state_dir(node, context.run_config, cfg, pid),
+                         state_dir=client_state_dir(node, context.run_config, cfg, pid,
+                                                    context.run_id),
                          task=dataset_task(cfg),
                          **spec.client_kwargs(cfg))
     if node.get("fault"):  # test deployments only (clients/faulty.py)
@@ -52,13 +54,17 @@ def client_fn(context: Context) -> Client:
 
 
 def client_state_dir(node: Mapping[str, Any], run_config: Mapping[str, Any], cfg,
-                     partition_id: int) -> Path | None:
+                     partition_id: int, flower_run_id: int = 0) -> Path | None:
     """Personal client state on disk: the node's `state-dir` (deployment) or the run's
-    `client-state-dir` (set by `fedapps run`), keyed by run name so a resumed run finds it."""
+    `client-state-dir` (set by `fedapps run`), keyed by run name and run id. The run id comes
+    from the run directory's claim (fedapps/rundir.py), so a resume finds its state and a fresh
+    run under the same name never reads an older run's; a plain `flwr run` without one keys by
+    Flower's own run id."""
     root = node.get("state-dir") or run_config.get("client-state-dir")
     if not root:
         return None
-    return Path(str(root)) / str(cfg.output["run-name"]) / f"partition-{partition_id}"
+    run_id = check_run_id(str(run_config.get("run-id") or f"flwr-{flower_run_id}"))
+    return Path(str(root)) / str(cfg.output["run-name"]) / run_id / f"partition-{partition_id}"
 
 
 app = ClientApp(client_fn=client_fn)

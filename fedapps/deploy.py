@@ -19,6 +19,7 @@ from pathlib import Path
 
 import httpx
 
+from fedapps import rundir
 from fedapps.errors import ConfigError
 from fedapps.launcher import CONNECTION, LocalSuperLink, default_filter, free_port, submit
 
@@ -88,20 +89,35 @@ def run_federation(
     show: Callable[[str], bool] = default_filter,
     during: Callable[[list[SuperNode]], None] | None = None,
     secure: Path | None = None,
+    mode: str = rundir.NEW,
 ) -> str:
     """Start a SuperLink and `num_nodes` SuperNodes, run the app, stop everything.
 
     `secure`: a folder of deploy/make_certs.py output (made there if empty): TLS on every
     connection and SuperNode authentication, each node registered with its public key.
     `during`, if given, runs in a thread while the run is in flight (fault-injection tests use
-    it to kill and restart nodes). Returns the SuperLink's final run status."""
+    it to kill and restart nodes). The run directory is claimed as in `fedapps run` (`mode`:
+    what to do with a run already there, fedapps/rundir.py). Returns the SuperLink's final run
+    status."""
+    with rundir.claim(run_dir, mode) as run_id:
+        run_config = {"experiment": experiment, "overrides": shlex.join(overrides),
+                      "output-dir": str(run_dir.parent), "run-name": run_dir.name,
+                      "run-id": run_id}
+        return _federate(run_config, num_nodes, data_root, state_root, node_extra,
+                         superlink_args, supernode_args, connection, show, during, secure)
+
+
+def _federate(run_config: dict[str, str], num_nodes: int, data_root: Path | None,
+              state_root: Path | None, node_extra: dict[int, dict[str, str]] | None,
+              superlink_args: Sequence[str], supernode_args: Sequence[str],
+              connection: dict[str, object] | None, show: Callable[[str], bool],
+              during: Callable[[list[SuperNode]], None] | None, secure: Path | None) -> str:
+    """run_federation's work once the run directory is claimed."""
     import threading
 
     workdir = Path(tempfile.mkdtemp(prefix="fedapps-deploy-"))
     if secure is not None:
         superlink_args, connection = tls_superlink(secure, num_nodes)
-    run_config = {"experiment": experiment, "overrides": shlex.join(overrides),
-                  "output-dir": str(run_dir.parent), "run-name": run_dir.name}
     nodes: list[SuperNode] = []
     with LocalSuperLink(workdir, simulation=False, extra_args=superlink_args,
                         connection=connection) as link:

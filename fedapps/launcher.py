@@ -24,6 +24,8 @@ from pathlib import Path
 
 import httpx
 
+from fedapps import rundir
+
 APP_DIR = Path(__file__).resolve().parent.parent
 CONNECTION = "fedapps"
 
@@ -253,15 +255,22 @@ def run_experiment(
     keep_workdir: bool = False,
     total_cpus: int | None = None,
     prefix: str = "",
+    mode: str = rundir.NEW,
 ) -> str:
-    """Run one experiment in a fresh SuperLink; returns the SuperLink's final status."""
-    run_config = {"experiment": experiment, "overrides": shlex.join(overrides),
-                  "output-dir": str(run_dir.parent), "run-name": run_dir.name,
-                  "client-state-dir": str(run_dir.parent / ".client-state")}
-    workdir = Path(tempfile.mkdtemp(prefix="fedapps-"))
-    with LocalSuperLink(workdir) as link:
-        _, status = submit(link, run_config, num_supernodes, gpus_per_client=gpus_per_client,
-                           show=show, total_cpus=total_cpus, prefix=prefix)
+    """Run one experiment in a fresh SuperLink; returns the SuperLink's final status.
+
+    The run directory is claimed for the whole run (`mode`: what to do with a run already
+    there, fedapps/rundir.py); a claim that fails raises before anything starts."""
+    with rundir.claim(run_dir, mode) as run_id:
+        run_config = {"experiment": experiment, "overrides": shlex.join(overrides),
+                      "output-dir": str(run_dir.parent), "run-name": run_dir.name,
+                      "run-id": run_id,
+                      "client-state-dir": str(rundir.client_state_root(run_dir))}
+        workdir = Path(tempfile.mkdtemp(prefix="fedapps-"))
+        with LocalSuperLink(workdir) as link:
+            _, status = submit(link, run_config, num_supernodes,
+                               gpus_per_client=gpus_per_client, show=show,
+                               total_cpus=total_cpus, prefix=prefix)
     if status != "finished:completed":
         print(f"fedapps: run status {status}; SuperLink log: {link.log_path}", file=sys.stderr)
     elif not keep_workdir:

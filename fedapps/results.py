@@ -16,6 +16,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from fedapps.plots import plot_metric
+from fedapps.rundir import check_owner
 from fedapps.tracking import WandbTracker
 
 
@@ -65,8 +66,10 @@ class ResultsWriter:
 
     def __init__(self, run_dir: Path, cfg: dict[str, Any], partition: dict[str, Any],
                  num_rounds: int, invocation: dict[str, str] | None = None,
-                 resume_after: int | None = None, metric: str = "accuracy") -> None:
+                 resume_after: int | None = None, metric: str = "accuracy",
+                 run_id: str | None = None) -> None:
         self.run_dir = run_dir
+        self.run_id = run_id  # with it, write only while the directory belongs to this run
         self.metric = metric  # the dataset task's: accuracy or r2
         self.cfg = cfg
         self.partition = partition
@@ -80,6 +83,7 @@ class ResultsWriter:
             self.started -= float(old["summary"].get("wall_seconds") or 0.0)
         self.status = "running"
         run_dir.mkdir(parents=True, exist_ok=True)
+        check_owner(run_dir, run_id)
         atomic_write(run_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.create(cfg)))
         self.tracker = WandbTracker(cfg, run_dir, run_dir.name)
         self._write()
@@ -95,6 +99,7 @@ class ResultsWriter:
         }
 
     def _write(self) -> None:
+        check_owner(self.run_dir, self.run_id)
         doc = {"rounds": self.rounds, "summary": self.summary(), "partition": self.partition,
                "invocation": self.invocation}
         atomic_write(self.run_dir / "results.json", json.dumps(doc, indent=1))

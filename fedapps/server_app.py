@@ -9,7 +9,7 @@ from flwr.common import Context, log
 from flwr.server import ServerApp, ServerAppComponents, ServerConfig
 
 from clients.arrays import get_arrays, set_arrays
-from fedapps import checkpoint
+from fedapps import checkpoint, rundir
 from fedapps.config import clients_per_round, to_container
 from fedapps.data import check_available, federated_data
 from fedapps.errors import ConfigError
@@ -72,13 +72,19 @@ def server_fn(context: Context) -> ServerAppComponents:
     data = federated_data(cfg)
     model = ALGORITHMS[cfg.algorithm].model(cfg)
     out = run_dir(cfg)
+    run_id = context.run_config.get("run-id")  # set by the launcher that claimed `out`
+    run_id = rundir.check_run_id(str(run_id)) if run_id else None
+    rundir.check_owner(out, run_id)
     saved = checkpoint.load(out) if cfg.output.resume else None
     if cfg.output.resume and saved is None:
         raise ConfigError(f"output.resume=true: no {checkpoint.FILE} in {out}")
+    if saved is not None and saved.completed_rounds >= int(cfg.rounds):  # before any write
+        raise ConfigError(f"rounds={cfg.rounds}: the run already completed "
+                          f"{saved.completed_rounds} rounds")
     invocation = {"experiment": str(context.run_config.get("experiment", cfg.experiment)),
                   "overrides": str(context.run_config.get("overrides", ""))}
     writer = ResultsWriter(out, to_container(cfg), data.summary(), int(cfg.rounds),
-                           invocation=invocation,
+                           invocation=invocation, run_id=run_id,
                            resume_after=saved.completed_rounds if saved else None,
                            metric=dataset_task(cfg).metric)
     fed = cfg.federation
@@ -107,7 +113,7 @@ def server_fn(context: Context) -> ServerAppComponents:
     )
 
     strategy.on_round = writer.on_round  # results first: a crash in between repeats a round
-    strategy.on_checkpoint = lambda snap: checkpoint.save(out, snap)
+    strategy.on_checkpoint = lambda snap: checkpoint.save(out, snap, run_id)
     if saved is not None:
         strategy.resume(saved)
         where = (f"round {saved.round}" if saved.step is None

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from fedapps import cli as app_cli
+from fedapps import rundir
 from fedapps.config import load_config
 from fedapps.errors import ConfigError
 
@@ -25,9 +26,11 @@ def _reproduce(args: argparse.Namespace) -> int:
 
     def runner(experiment: str, sets: list[str], n_clients: int, run_dir: Path) -> str:
         device = str(load_config(experiment, sets).device)
+        # an unfinished run starts again clean (new run id); a completed one is never replaced
         return run_experiment(experiment, sets, n_clients, run_dir,
                               gpus_per_client=gpus_per_client(device), total_cpus=cpus,
-                              prefix=f"[{run_dir.name}] " if jobs > 1 else "")
+                              prefix=f"[{run_dir.name}] " if jobs > 1 else "",
+                              mode=rundir.REDO_UNFINISHED)
 
     out = reproduce(args.grid, args.seeds, args.overrides, Path(args.output_dir).resolve(),
                     runner, table_only=args.table_only,

@@ -44,7 +44,7 @@ CASES: dict[str, tuple[str, list[str], bool]] = {
 def run_case(name: str, workdir: Path) -> dict[str, Any]:
     """One `fedapps run` into workdir/name; the per-round numbers of its results.json."""
     experiment, sets, data = CASES[name]
-    cmd = [sys.executable, "-m", "simulations.cli", "run", experiment]
+    cmd = [sys.executable, "-m", "simulations.cli", "run", experiment, "--overwrite"]  # rerun
     for item in ("seed=0", "rounds=3", *sets, f"output.output-dir={workdir}",
                  f"output.run-name={name}"):
         cmd += ["--set", item]

@@ -3,8 +3,10 @@
 A grid file `conf/grid/<name>.yaml` names an experiment, the seeds, the axes to sweep (e.g.
 algorithm x data.alpha) and the paper's numbers for each cell. Runs land in
 `<output-dir>/<grid>/<cell>-s<seed>/`; a finished run (results.json with status completed) is
-never redone, so an interrupted grid resumes where it stopped. The table and plots are
-rebuilt from whatever runs exist.
+never redone, so an interrupted grid resumes where it stopped. A run the runner finds
+unfinished starts again from scratch with a new run id (fedapps/rundir.py REDO_UNFINISHED:
+its results, checkpoint and client state are removed first); a run another process holds is
+skipped. The table and plots are rebuilt from whatever runs exist.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from omegaconf import OmegaConf
 from fedapps.config import available, load_config
 from fedapps.errors import ConfigError
 from fedapps.paths import CONF_DIR
+from fedapps.rundir import RunCompleted, RunDirBusy
 from fedapps.validation import validate
 
 # (summary key without the metric, column name): accuracies in %, R^2 as it is
@@ -152,7 +155,14 @@ def run_grid(grid: Grid, overrides: Sequence[str], out_root: Path, runner: Runne
         if stopping.is_set():
             return
         log(f"{tag} -> {target}")
-        status = runner(grid.experiment, sets, n_clients, target)
+        try:
+            status = runner(grid.experiment, sets, n_clients, target)
+        except RunCompleted:
+            log(f"{tag}: completed meanwhile by another process, kept")
+            return
+        except RunDirBusy as err:
+            log(f"{tag}: skipped, {err}")
+            return
         if stopping.is_set():
             log(f"{tag}: stopped; it reruns when the grid is resumed")
         elif status != "finished:completed":

@@ -86,7 +86,10 @@ def test_restarted_supernode_resumes_its_personal_head_from_state_dir(tmp_path):
         [[1] if r["client_fit_metrics"].get("1", {}).get("state-from-disk") else [] for r in done]
     assert any(1 in r for r in restored)
     assert not any(r.get("clients_state_from_disk") for r in done[:2])  # nothing before
-    assert (tmp_path / "state" / "node-1").is_dir()
+    # kept per run: the run id of the run directory reached the SuperNodes' clients
+    run_id = (out / "run-id").read_text().strip()
+    node_state = tmp_path / "state" / "node-1" / "run" / run_id / "partition-1"
+    assert (node_state / "fedreb-h2.npz").is_file()
     assert rounds(out)[-1]["personal_accuracy"] > rounds(out)[-1]["global_accuracy"]
 
 

@@ -49,6 +49,25 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path, algorithm):
         assert a["global_accuracy"] == b["global_accuracy"]
         assert a["fit_clients"] == b["fit_clients"]
     assert part["summary"]["status"] == "completed"
+    # resuming the completed run without more rounds: one line, exit 2, nothing written
+    # (tests/test_rundir.py checks the same for `--set model.name=...` in process)
+    kept = {f: (tmp_path / "part" / f).read_bytes() for f in ("results.json", "config.yaml")}
+    proc = subprocess.run([sys.executable, "-m", "fedapps.cli", "resume", str(tmp_path / "part")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "has done 4 rounds" in proc.stderr
+    assert kept == {f: (tmp_path / "part" / f).read_bytes() for f in kept}
+    # the same name again: refused unless --overwrite; then a fresh run id, so the clients do
+    # not load the old run's FedDyn corrections and the run repeats `full`'s first rounds
+    rerun = ["run", "quickstart", *base, "--set", "rounds=2", "--set", "output.run-name=part"]
+    proc = subprocess.run([sys.executable, "-m", "fedapps.cli", *rerun], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2 and "holds a completed run; add --overwrite" in proc.stderr
+    cli(*rerun, "--overwrite")
+    again = json.loads((tmp_path / "part" / "results.json").read_text())
+    assert [r["global_accuracy"] for r in again["rounds"]] == \
+        [r["global_accuracy"] for r in full["rounds"][:2]]
+    assert all(r["clients_state_from_disk"] == [] for r in again["rounds"])
 
 
 def test_resume_without_checkpoint_is_a_clear_error(tmp_path):
