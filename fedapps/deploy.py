@@ -21,6 +21,7 @@ import httpx
 
 from fedapps.errors import ConfigError
 from fedapps.launcher import CONNECTION, LocalSuperLink, default_filter, free_port, submit
+from fedapps.processes import unwatch, watch
 
 
 def node_config(partition_id: int, num_partitions: int, data_root: Path | None,
@@ -55,6 +56,7 @@ class SuperNode:
         with open(self.log_path, "ab") as log_file:
             self.process = subprocess.Popen(cmd, env=env, stdout=log_file,
                                             stderr=subprocess.STDOUT, start_new_session=True)
+        watch(self.process.pid)  # dies with the launcher, even on SIGKILL
         return self
 
     def alive(self) -> bool:
@@ -68,10 +70,11 @@ class SuperNode:
             os.killpg(self.process.pid, sig)
             self.process.wait(timeout=timeout)
         except ProcessLookupError:
-            return
+            pass
         except subprocess.TimeoutExpired:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait(timeout=5)
+        unwatch(self.process.pid)
 
 
 def run_federation(
