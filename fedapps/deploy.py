@@ -165,6 +165,7 @@ def check_node_settings(superlink: str, partition_id: int, num_partitions: int,
                         data_root: str | None, dataset: str | None, tls: bool = False) -> None:
     """One-line ConfigErrors for what a SuperNode would otherwise fail on later."""
     from fedapps.data import DATASETS, check_available  # torch: only when a node is checked
+    from fedapps.data.datasets import BadSourceFile
 
     host, sep, port = superlink.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
@@ -178,6 +179,8 @@ def check_node_settings(superlink: str, partition_id: int, num_partitions: int,
         root = Path(data_root or "data").resolve()
         try:
             check_available(dataset, root, download=False)
+        except BadSourceFile:
+            raise
         except ConfigError:
             raise ConfigError(f"--data-root={str(root)!r}: dataset {dataset} not found there "
                               "(copy its folder, e.g. FashionMNIST/raw, to the device)") from None
