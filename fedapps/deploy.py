@@ -22,6 +22,7 @@ import httpx
 from fedapps import rundir
 from fedapps.errors import ConfigError
 from fedapps.launcher import CONNECTION, LocalSuperLink, default_filter, free_port, submit
+from fedapps.processes import unwatch, watch
 
 
 def node_config(partition_id: int, num_partitions: int, data_root: Path | None,
@@ -56,6 +57,7 @@ class SuperNode:
         with open(self.log_path, "ab") as log_file:
             self.process = subprocess.Popen(cmd, env=env, stdout=log_file,
                                             stderr=subprocess.STDOUT, start_new_session=True)
+        watch(self.process.pid)  # dies with the launcher, even on SIGKILL
         return self
 
     def alive(self) -> bool:
@@ -69,10 +71,11 @@ class SuperNode:
             os.killpg(self.process.pid, sig)
             self.process.wait(timeout=timeout)
         except ProcessLookupError:
-            return
+            pass
         except subprocess.TimeoutExpired:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait(timeout=5)
+        unwatch(self.process.pid)
 
 
 def run_federation(
@@ -178,6 +181,7 @@ def check_node_settings(superlink: str, partition_id: int, num_partitions: int,
                         data_root: str | None, dataset: str | None, tls: bool = False) -> None:
     """One-line ConfigErrors for what a SuperNode would otherwise fail on later."""
     from fedapps.data import DATASETS, check_available  # torch: only when a node is checked
+    from fedapps.data.datasets import BadSourceFile
 
     host, sep, port = superlink.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
@@ -191,6 +195,8 @@ def check_node_settings(superlink: str, partition_id: int, num_partitions: int,
         root = Path(data_root or "data").resolve()
         try:
             check_available(dataset, root, download=False)
+        except BadSourceFile:
+            raise
         except ConfigError:
             raise ConfigError(f"--data-root={str(root)!r}: dataset {dataset} not found there "
                               "(copy its folder, e.g. FashionMNIST/raw, to the device)") from None

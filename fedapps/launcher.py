@@ -25,6 +25,7 @@ from pathlib import Path
 import httpx
 
 from fedapps import rundir
+from fedapps.processes import descendants, terminate, unwatch, watch
 
 APP_DIR = Path(__file__).resolve().parent.parent
 CONNECTION = "fedapps"
@@ -51,41 +52,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def descendants(pid: int) -> list[int]:
-    """All live descendants of a process (Linux /proc; empty elsewhere)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-        except (OSError, IndexError, ValueError):
-            continue
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def terminate(pids: list[int], grace: float = 5.0) -> None:
-    """SIGTERM, then SIGKILL whatever is still alive after `grace` seconds."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        alive = []
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-                alive.append(pid)
-            except ProcessLookupError:
-                continue
-        if not alive or sig == signal.SIGKILL:
-            return
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() for p in alive):
-            time.sleep(0.2)
-        pids = alive
 
 
 def toml_string(value: str) -> str:
@@ -130,6 +96,7 @@ class LocalSuperLink:
         with open(self.log_path, "ab") as log_file:
             self.process = subprocess.Popen(cmd, env=self.env(), stdout=log_file,
                                             stderr=subprocess.STDOUT, start_new_session=True)
+        watch(self.process.pid)  # dies with this process, even on SIGKILL
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -157,10 +124,11 @@ class LocalSuperLink:
         that left the group (Ray's services start sessions of their own)."""
         if self.process is None or self.process.poll() is not None:
             return
-        family = descendants(self.process.pid)
+        pid = self.process.pid
+        family = descendants(pid)
         for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
             try:
-                os.killpg(self.process.pid, sig)
+                os.killpg(pid, sig)
             except ProcessLookupError:
                 break
             try:
@@ -169,6 +137,7 @@ class LocalSuperLink:
             except subprocess.TimeoutExpired:
                 continue
         terminate(family)
+        unwatch(pid)
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
@@ -221,15 +190,21 @@ def submit(
     tail: list[str] = []
     proc = subprocess.Popen(cmd, env=link.env(), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, bufsize=1)
+    watch(proc.pid)
     assert proc.stdout is not None
-    for line in proc.stdout:
-        if run_id is None and "Successfully started run" in line:
-            run_id = line.strip().split()[-1]
-        tail = [*tail[-20:], line]
-        if show(line):
-            sys.stdout.write(prefix + line)
-            sys.stdout.flush()
-    proc.wait()
+    try:
+        for line in proc.stdout:
+            if run_id is None and "Successfully started run" in line:
+                run_id = line.strip().split()[-1]
+            tail = [*tail[-20:], line]
+            if show(line):
+                sys.stdout.write(prefix + line)
+                sys.stdout.flush()
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        unwatch(proc.pid)
     if run_id is None:
         sys.stderr.write("".join(tail))
         return None, f"not started (flwr run exited {proc.returncode})"

@@ -93,6 +93,7 @@ def server_fn(context: Context) -> ServerAppComponents:
         cfg.experiment, cfg.algorithm, cfg.dataset, fed["num-clients"], clients_per_round(cfg),
         cfg.rounds, "-" if emd is None else f"{emd:.3f}", out)
     spec = ALGORITHMS[cfg.algorithm]
+    timeout = float(fed["round-timeout"]) if fed["round-timeout"] else None
     strategy = spec.strategy(
         initial_arrays=get_arrays(model),
         array_names=list(model.state_dict()),
@@ -109,6 +110,7 @@ def server_fn(context: Context) -> ServerAppComponents:
         on_stop=writer.stop,
         task=dataset_task(cfg),
         server_optimizer=server_optimizer(cfg),
+        round_timeout=timeout,
         **spec.strategy_kwargs(cfg, model),
     )
 
@@ -122,11 +124,9 @@ def server_fn(context: Context) -> ServerAppComponents:
     if strategy.flower_rounds() <= 0:
         raise ConfigError(f"rounds={cfg.rounds}: the run already completed "
                           f"{saved.completed_rounds if saved else 0} rounds")
-    timeout = fed["round-timeout"]
     return ServerAppComponents(
         strategy=strategy,
-        config=ServerConfig(num_rounds=strategy.flower_rounds(),
-                            round_timeout=float(timeout) if timeout else None))
+        config=ServerConfig(num_rounds=strategy.flower_rounds(), round_timeout=timeout))
 
 
 app = ServerApp(server_fn=server_fn)

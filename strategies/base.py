@@ -44,6 +44,7 @@ from strategies.records import RoundLog, progress_line, round_record, step_line
 from strategies.sampling import sample_clients, sample_evaluators
 from strategies.steps import StepClock
 from strategies.uploads import Upload, parameters_nbytes
+from strategies.waiting import WAIT_REPORT_SECONDS, Waiting
 
 __all__ = ["BaseStrategy", "TooFewClients", "Upload"]
 
@@ -90,6 +91,8 @@ class BaseStrategy(Strategy):
         on_stop: Callable[[str], None] | None = None,
         server_optimizer: ServerStep | None = None,
         task: Task | None = None,
+        round_timeout: float | None = None,
+        wait_report_seconds: float = WAIT_REPORT_SECONDS,
     ) -> None:
         super().__init__()
         self.global_arrays = [np.asarray(a) for a in initial_arrays]
@@ -111,6 +114,8 @@ class BaseStrategy(Strategy):
         self.server_optimizer = server_optimizer
         self.task = task or TASKS["classification"]  # the dataset's: loss sums and metric
         self.nodes = NodeDirectory(num_clients, properties_timeout)
+        # who a step still waits for, logged while clients are slow (Flower applies the timeout)
+        self.waiting = Waiting(wait_report_seconds, round_timeout)
         self.steps_done = 0  # global steps completed before this process (a resume)
         self.current: RoundLog | None = None
         self.current_plan: RoundPlan | None = None
@@ -252,13 +257,15 @@ class BaseStrategy(Strategy):
                 config["step"] = step
             if a.task != TRAIN:
                 config["task"] = a.task
-            instructions.append((clients[a.partition_id], FitIns(params, config)))
+            instructions.append((a.partition_id, clients[a.partition_id], FitIns(params, config)))
             nbytes = parameters_nbytes(params)
             if a.task == CROSS_EVALUATE:
                 self.current.bytes_down_xeval += nbytes  # type: ignore[union-attr]
             else:
                 self.current.bytes_down += nbytes  # type: ignore[union-attr]
-        return instructions
+        steps = self.steps_per_round(r)
+        label = f"round {r}" + (f" step {step + 1}/{steps}" if steps > 1 else "")
+        return self.waiting.begin(label, instructions)
 
     def aggregate_fit(
         self,
@@ -266,6 +273,7 @@ class BaseStrategy(Strategy):
         results: list[tuple[ClientProxy, FitRes]],
         failures: list[tuple[ClientProxy, FitRes] | BaseException],
     ) -> tuple[Parameters | None, dict[str, Scalar]]:
+        self.waiting.end()
         r, step = self.position(server_round)
         plan = self.current_plan
         if plan is None or (plan.round, plan.step) != (r, step):
@@ -335,8 +343,8 @@ class BaseStrategy(Strategy):
         for pid in self.eval_sample(r, list(clients)):
             params = ndarrays_to_parameters(self.eval_arrays(r, pid))
             self.round_log(r).bytes_down_eval += parameters_nbytes(params)
-            instructions.append((clients[pid], EvaluateIns(params, {"server-round": r})))
-        return instructions
+            instructions.append((pid, clients[pid], EvaluateIns(params, {"server-round": r})))
+        return self.waiting.begin(f"round {r} evaluation", instructions)
 
     def aggregate_evaluate(
         self,
@@ -344,6 +352,7 @@ class BaseStrategy(Strategy):
         results: list[tuple[ClientProxy, EvaluateRes]],
         failures: list[tuple[ClientProxy, EvaluateRes] | BaseException],
     ) -> tuple[float | None, dict[str, Scalar]]:
+        self.waiting.end()
         r, _ = self.position(server_round)
         metrics = self.evaluation_metrics([res for _, res in results])
         metrics["eval_failures"] = len(failures)

@@ -51,3 +51,131 @@ def test_mnist_train_class_counts_match_the_release():
     pool = load_pool("mnist", __import__("conftest").SHARED_DATA)
     counts = np.bincount(pool.y[: pool.num_train].numpy()).tolist()
     assert counts == [5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949]
+
+
+# ---- source files: checksums, cache keys, one-line errors ------------------------------------
+def _md5(data: bytes) -> str:
+    import hashlib
+
+    return hashlib.md5(data, usedforsecurity=False).hexdigest()
+
+
+@pytest.mark.parametrize("name, folder", [
+    pytest.param("mnist", "MNIST", marks=needs_mnist),
+    pytest.param("fmnist", "FashionMNIST", marks=needs_fmnist),
+])
+def test_checksum_table_matches_torchvision_and_the_real_files(name, folder):
+    """The .gz checksums are torchvision's published ones and those of the files in
+    ../shared/data; the unpacked checksums are those of the gunzipped files."""
+    import gzip
+
+    import torchvision.datasets as tvd
+
+    from fedapps.data.datasets import KNOWN_MD5
+
+    published = dict({"mnist": tvd.MNIST, "fmnist": tvd.FashionMNIST}[name].resources)
+    table = KNOWN_MD5[name]
+    assert {f: m for f, m in table.items() if f.endswith(".gz")} == published
+    raw = __import__("conftest").SHARED_DATA / folder / "raw"
+    for gz in published:
+        data = (raw / gz).read_bytes()
+        assert _md5(data) == table[gz], gz
+        assert _md5(gzip.decompress(data)) == table[gz.removesuffix(".gz")], gz
+
+
+def _copy_mnist(dst):
+    import shutil
+
+    raw = dst / "MNIST" / "raw"
+    raw.mkdir(parents=True)
+    for f in (__import__("conftest").SHARED_DATA / "MNIST" / "raw").iterdir():
+        shutil.copyfile(f, raw / f.name)
+    return raw
+
+
+@needs_mnist
+def test_a_modified_raw_file_is_one_line_naming_it_and_exits_2(tmp_path, monkeypatch, capsys):
+    """A valid gzip with one label changed (the old code unpacked and served it from the
+    cache for good): the CLI says which file, the expected and actual MD5 and what to do,
+    exit code 2, before anything starts; load_pool says the same."""
+    import gzip
+
+    from fedapps.config import ConfigError
+    from fedapps.data.datasets import KNOWN_MD5
+
+    raw = _copy_mnist(tmp_path / "data")
+    labels = raw / "train-labels-idx1-ubyte.gz"
+    content = bytearray(gzip.decompress(labels.read_bytes()))
+    content[8] = (content[8] + 1) % 10  # the first label
+    labels.write_bytes(gzip.compress(bytes(content)))
+    actual = _md5(labels.read_bytes())
+    monkeypatch.setenv("FEDAPPS_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(ConfigError) as err:
+        load_pool("mnist", tmp_path / "data")
+    message = str(err.value)
+    assert "\n" not in message and str(labels) in message
+    assert actual in message and KNOWN_MD5["mnist"][labels.name] in message
+    assert "put a good copy of train-labels-idx1-ubyte.gz there" in message
+    assert not (tmp_path / "cache" / "torchvision").exists()  # nothing unpacked from it
+
+    from simulations.cli import main
+
+    code = main(["validate", "quickstart", "--set", "dataset=mnist", "--set", "model.name=mlp",
+                 "--set", f"data.data-root={tmp_path / 'data'}"])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(lines) == 1, lines
+    assert str(labels) in lines[0] and actual in lines[0]
+
+
+@needs_mnist
+def test_cache_is_keyed_by_the_source_files(tmp_path, monkeypatch):
+    """Two copies of the raw files: the same data in .gz and unpacked form are two sources
+    with their own cache keys; a file of a dataset without published checksums keys by size
+    and mtime, so a replaced copy gets its own unpacked cache; a damaged unpacked cache file
+    is an error naming the cache folder."""
+    import dataclasses
+    import gzip
+    import os
+
+    from fedapps.config import ConfigError
+    from fedapps.data import make_federated, partition_key
+    from fedapps.data.datasets import DATASETS, resolve_root, source_identity
+
+    monkeypatch.setenv("FEDAPPS_CACHE", str(tmp_path / "cache"))
+    gz_root = tmp_path / "gz"
+    _copy_mnist(gz_root)
+    plain_raw = tmp_path / "plain" / "MNIST" / "raw"
+    plain_raw.mkdir(parents=True)
+    for f in (gz_root / "MNIST" / "raw").iterdir():
+        (plain_raw / f.name.removesuffix(".gz")).write_bytes(gzip.decompress(f.read_bytes()))
+    a, b = source_identity("mnist", gz_root), source_identity("mnist", tmp_path / "plain")
+    assert a and b and a != b
+    pool = load_pool("mnist", gz_root)
+    assert pool.source == a
+    cached = resolve_root("mnist", gz_root)
+    assert cached == tmp_path / "cache" / "torchvision" / f"MNIST-{a}"
+    digits = load_pool("digits", None)
+    key = partition_key(load_config("quickstart"))
+    copies = [make_federated(dataclasses.replace(digits, source=s), key) for s in ("x", "y")]
+    assert [fd.key["source"] for fd in copies] == ["x", "y"]  # index and transform caches
+
+    # EMNIST has no table here: size + mtime key the cache
+    emnist = tmp_path / "em" / "EMNIST" / "raw"
+    emnist.mkdir(parents=True)
+    for f in DATASETS["emnist"].raw_files:
+        (emnist / f"{f}.gz").write_bytes(gzip.compress(b"one copy"))
+    first = resolve_root("emnist", tmp_path / "em")
+    target = emnist / f"{DATASETS['emnist'].raw_files[0]}.gz"
+    target.write_bytes(gzip.compress(b"another, longer copy"))
+    os.utime(target, ns=(1, 1))
+    second = resolve_root("emnist", tmp_path / "em")
+    assert first != second
+    unpacked = second / "EMNIST" / "raw" / DATASETS["emnist"].raw_files[0]
+    assert unpacked.read_bytes() == b"another, longer copy"
+
+    # a damaged file in the cache: one line naming the cache folder
+    victim = cached / "MNIST" / "raw" / "train-labels-idx1-ubyte"
+    victim.write_bytes(victim.read_bytes()[:-10])
+    with pytest.raises(ConfigError) as err:
+        load_pool("mnist", gz_root)
+    assert str(cached / "MNIST" / "raw") in str(err.value) and "\n" not in str(err.value)

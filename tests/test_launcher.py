@@ -1,5 +1,6 @@
 """Process cleanup: descendants that left the process group (as Ray's do) are found and ended."""
 
+import json
 import os
 import subprocess
 import sys
@@ -55,3 +56,133 @@ def test_node_settings_are_checked_with_one_line_errors(tmp_path):
         with pytest.raises(ConfigError) as err:
             check_node_settings(*args)
         assert message in str(err.value) and "\n" not in str(err.value)
+
+
+# ---- launcher death: everything it started dies with it -------------------------------------
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def processes_mentioning(text: str) -> list[int]:
+    """Live (non-zombie) processes whose environment or command line contains `text`."""
+    from fedapps.processes import running
+
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            blob = (proc / "environ").read_bytes() + (proc / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if text.encode() in blob and int(proc.name) != os.getpid() and running(int(proc.name)):
+            found.append(int(proc.name))
+    return found
+
+
+def comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return "?"
+
+
+def kill_all(pids: list[int]) -> None:
+    import contextlib
+    import signal
+
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_watched_children_die_with_a_sigkilled_launcher_even_if_started_from_a_thread():
+    """The launcher registers a child from a worker thread that then ends (the case where
+    PR_SET_PDEATHSIG would kill the child too early), and unregisters another one: after a
+    SIGKILL of the launcher, the watched child and its grandchild in a session of its own are
+    gone; the unwatched child was stopped by its owner's choice and is left alone."""
+    from fedapps.processes import running
+
+    marker = f"fedapps-watch-test-{os.getpid()}-{time.time_ns()}"
+    sleeper = (f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', "
+               f"'import time; time.sleep(60)', '{marker}'], start_new_session=True); "
+               "time.sleep(60)")
+    launcher = f"""
+import subprocess, sys, threading, time
+from fedapps.processes import unwatch, watch
+def start():
+    p = subprocess.Popen([sys.executable, '-c', {sleeper!r}, {marker!r}], start_new_session=True)
+    watch(p.pid)
+    print(p.pid, flush=True)
+t = threading.Thread(target=start); t.start(); t.join()
+q = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)', {marker!r}])
+watch(q.pid); unwatch(q.pid)
+print(q.pid, flush=True)
+time.sleep(60)
+"""
+    proc = subprocess.Popen([sys.executable, "-c", launcher], stdout=subprocess.PIPE, text=True,
+                            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        assert proc.stdout is not None
+        watched, unwatched = int(proc.stdout.readline()), int(proc.stdout.readline())
+        deadline = time.time() + 20
+        while time.time() < deadline and len(processes_mentioning(marker)) < 4:
+            time.sleep(0.1)
+        grandchild = descendants(watched)
+        assert len(grandchild) == 1 and running(watched) and running(unwatched)
+        proc.kill()
+        proc.wait()
+        deadline = time.time() + 10
+        while time.time() < deadline and (running(watched) or running(grandchild[0])):
+            time.sleep(0.1)
+        assert not running(watched) and not running(grandchild[0])
+        assert running(unwatched)
+    finally:
+        proc.kill()
+        kill_all(processes_mentioning(marker))
+
+
+def test_sigkill_of_fedapps_run_stops_the_superlink_its_executors_and_the_run(tmp_path):
+    """`fedapps run` SIGKILLed once its simulation has started Ray: within seconds no process
+    of the run is left (the SuperLink, its SuperExec, the ServerApp and simulation executors,
+    Ray), found both as the launcher's descendants before the kill and by an environment
+    variable they all inherit, so the run cannot go on; its results never say completed."""
+    from fedapps.processes import running
+
+    marker = f"FEDAPPS_TEST_RUN={tmp_path.name}-{time.time_ns()}"
+    out = tmp_path / "out"
+    results = out / "killed" / "results.json"
+    cmd = [sys.executable, "-m", "simulations.cli", "run", "quickstart", "--set", "rounds=40",
+           "--set", "output.plots=false", "--set", f"output.output-dir={out}",
+           "--set", "output.run-name=killed"]
+    env = {**os.environ, marker.split("=")[0]: marker.split("=")[1], "PYTHONPATH": str(ROOT)}
+    log = open(tmp_path / "launcher.log", "w")  # noqa: SIM115 - closed in finally
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        family: list[int] = []
+        names: set[str] = set()
+        # wait for Ray's raylet (about 15 s on an idle 2-core machine); on a crowded machine
+        # settle after 120 s for the simulation executor that starts Ray
+        deadline = time.time() + 120
+        while proc.poll() is None and not (
+                {"flower-superlin", "flwr-simulation", "raylet"} <= names
+                or (time.time() > deadline and "flwr-simulation" in names)):
+            assert time.time() < deadline + 120, names
+            time.sleep(0.5)
+            family = descendants(proc.pid)
+            names = {comm(p) for p in family}
+        assert proc.poll() is None, (tmp_path / "launcher.log").read_text()[-2000:]
+        time.sleep(1)
+        family = descendants(proc.pid)  # Ray's workers too, if they have started
+        proc.kill()
+        proc.wait()
+        deadline = time.time() + 15
+        while time.time() < deadline and (any(running(p) for p in family)
+                                          or processes_mentioning(marker)):
+            time.sleep(0.2)
+        left = [p for p in family if running(p)] + processes_mentioning(marker)
+        assert not left, sorted({comm(p) for p in left})
+        time.sleep(1)
+        if results.is_file():
+            assert json.loads(results.read_text())["summary"]["status"] != "completed"
+    finally:
+        proc.kill()
+        kill_all(processes_mentioning(marker))
+        log.close()

@@ -266,7 +266,11 @@ def _partition(pool: Pool, key: dict, cache: bool = True
 
 
 def make_federated(pool: Pool, key: dict, cache: bool = True) -> FederatedData:
-    """Partition an in-memory pool by a `partition_key` (index files cached on disk)."""
+    """Partition an in-memory pool by a `partition_key` (index files cached on disk). The
+    pool's source identity joins the key, so index and transform caches built from one copy
+    of the raw files are never served for another."""
+    if pool.source:
+        key = {**key, "source": pool.source}
     train, test = _partition(pool, key, cache)
     return FederatedData(pool, Normalizer.fit(pool), train, test, key)
 

@@ -8,11 +8,16 @@ digits); a new source is a `DatasetInfo` with a `loader`. Nothing is downloaded 
 says `data.download: true`.
 The `.gz`-only copies in shared/data are unpacked once into the user cache, because
 torchvision's `download=False` only accepts unpacked files and the data root may be read-only.
+The cache is keyed by the source files' identity (`source_identity`: MD5 checksums, verified
+against the published ones for MNIST and Fashion-MNIST; size and mtime for the others), so a
+different or repaired copy of the raw files never meets an older copy's unpacked files or
+partitions, and a damaged file is a one-line error naming it instead of a parser's traceback.
 """
 
 from __future__ import annotations
 
 import gzip
+import hashlib
 import os
 import shutil
 from collections.abc import Callable
@@ -43,6 +48,7 @@ class Pool:
     task: str = "classification"
     normalization: str = "image"
     client_ids: np.ndarray | None = None  # natural client id per sample (subject, home, ...)
+    source: str = ""  # identity of the files it was read from (keys the caches); "" = embedded
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
@@ -183,6 +189,38 @@ DATASETS["diabetes"] = DatasetInfo(None, (10,), task="regression", normalization
                                    loader=_diabetes)
 
 
+# MD5 of the files torchvision reads for MNIST and Fashion-MNIST: the .gz files exactly as
+# torchvision publishes them (torchvision/datasets/mnist.py `resources`) and their unpacked
+# contents (for a data root that holds unpacked files). tests/test_datasets.py checks both
+# against the files in ../shared/data and the .gz ones against torchvision's own list.
+KNOWN_MD5: dict[str, dict[str, str]] = {
+    "mnist": {
+        "train-images-idx3-ubyte.gz": "f68b3c2dcbeaaa9fbdd348bbdeb94873",
+        "train-labels-idx1-ubyte.gz": "d53e105ee54ea40749a09fcbcd1e9432",
+        "t10k-images-idx3-ubyte.gz": "9fb629c4189551a2d022fa330f9573f3",
+        "t10k-labels-idx1-ubyte.gz": "ec29112dd5afa0611ce80d1b7f02629c",
+        "train-images-idx3-ubyte": "6bbc9ace898e44ae57da46a324031adb",
+        "train-labels-idx1-ubyte": "a25bea736e30d166cdddb491f175f624",
+        "t10k-images-idx3-ubyte": "2646ac647ad5339dbf082846283269ea",
+        "t10k-labels-idx1-ubyte": "27ae3e4e09519cfbb04c329615203637",
+    },
+    "fmnist": {
+        "train-images-idx3-ubyte.gz": "8d4fb7e6c68d591d4c3dfef9ec88bf0d",
+        "train-labels-idx1-ubyte.gz": "25c81989df183df01b3e8a0aad5dffbe",
+        "t10k-images-idx3-ubyte.gz": "bef4ecab320f06d8554ea6380940ec79",
+        "t10k-labels-idx1-ubyte.gz": "bb300cfdad3c16e7a12a480ee83cd310",
+        "train-images-idx3-ubyte": "f4a8712d7a061bf5bd6d2ca38dc4d50a",
+        "train-labels-idx1-ubyte": "9018921c3c673c538a1fc5bad174d6f9",
+        "t10k-images-idx3-ubyte": "8181f5470baa50b63fa0f6fddb340f0a",
+        "t10k-labels-idx1-ubyte": "15d484375f8d13e6eb1aabb0c3f46965",
+    },
+}
+
+
+class BadSourceFile(ConfigError):
+    """A raw data file that is not the published one (a damaged or different copy)."""
+
+
 def cache_dir() -> Path:
     """Where unpacked data and partition indices are cached ($FEDAPPS_CACHE or ~/.cache/fedapps)."""
     root = os.environ.get("FEDAPPS_CACHE") or Path.home() / ".cache" / "fedapps"
@@ -202,6 +240,66 @@ def _has_files(folder: Path, files: tuple[str, ...], suffix: str = "") -> bool:
     return all((folder / f"{f}{suffix}").is_file() for f in files)
 
 
+_md5_memo: dict[tuple[str, int, int], str] = {}
+
+
+def file_md5(path: Path) -> str:
+    """MD5 of a file, computed once per process for a given path, size and mtime."""
+    st = path.stat()
+    key = (str(path), st.st_size, st.st_mtime_ns)
+    if key not in _md5_memo:
+        digest = hashlib.md5(usedforsecurity=False)
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+        _md5_memo[key] = digest.hexdigest()
+    return _md5_memo[key]
+
+
+def source_files(name: str, root: Path) -> list[Path]:
+    """The raw files torchvision will read for `name`: unpacked ones if all are there, else
+    the `.gz` copies; [] for embedded data or when the files are missing."""
+    info = DATASETS[name]
+    if not info.folder or info.loader is not None:
+        return []
+    raw = _raw_dir(name, root)
+    for suffix in ("", ".gz"):
+        if _has_files(raw, info.raw_files, suffix):
+            return [raw / f"{f}{suffix}" for f in info.raw_files]
+    return []
+
+
+def verify_sources(name: str, files: list[Path]) -> None:
+    """Raise a one-line BadSourceFile for a file whose MD5 is not the published one (MNIST,
+    Fashion-MNIST: every file; other datasets have no table and pass)."""
+    known = KNOWN_MD5.get(name, {})
+    for path in files:
+        expected = known.get(path.name)
+        if expected is None:
+            continue
+        actual = file_md5(path)
+        if actual != expected:
+            raise BadSourceFile(
+                f"dataset {name}: {path} is damaged or not the published file (md5 {actual}, "
+                f"expected {expected}); put a good copy of {path.name} there (torchvision's "
+                f"{DATASETS[name].folder} release), or delete it and set data.download=true")
+
+
+def source_identity(name: str, root: Path) -> str:
+    """A digest of the source files that keys every cache built from them: their MD5s where
+    the published ones are known (verified first), else their names, sizes and mtimes."""
+    files = source_files(name, root)
+    verify_sources(name, files)
+    parts = []
+    for path in files:
+        if path.name in KNOWN_MD5.get(name, {}):
+            parts.append(f"{path.name}:md5:{file_md5(path)}")
+        else:
+            st = path.stat()
+            parts.append(f"{path.name}:{st.st_size}:{st.st_mtime_ns}")
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16] if parts else ""
+
+
 def _unpack_gz(src: Path, dst: Path) -> None:
     """Unpack atomically, so a crash never leaves a truncated file behind."""
     tmp = dst.with_suffix(f".tmp{os.getpid()}")
@@ -210,8 +308,9 @@ def _unpack_gz(src: Path, dst: Path) -> None:
     tmp.replace(dst)
 
 
-def resolve_root(name: str, root: Path) -> Path | None:
-    """A torchvision root that holds `name` unpacked, unpacking `.gz` copies into the cache."""
+def resolve_root(name: str, root: Path, identity: str | None = None) -> Path | None:
+    """A torchvision root that holds `name` unpacked, unpacking `.gz` copies into the cache
+    under `<cache>/torchvision/<folder>-<source identity>/`."""
     info = DATASETS[name]
     if not info.folder or info.loader is not None:
         return root
@@ -219,7 +318,8 @@ def resolve_root(name: str, root: Path) -> Path | None:
     if _has_files(raw, info.raw_files):
         return root
     if info.folder and _has_files(raw, info.raw_files, ".gz"):
-        cached_root = cache_dir() / "torchvision"
+        identity = identity or source_identity(name, root)
+        cached_root = cache_dir() / "torchvision" / f"{info.folder}-{identity}"
         cached_raw = _raw_dir(name, cached_root)
         cached_raw.mkdir(parents=True, exist_ok=True)
         for f in info.raw_files:
@@ -230,13 +330,16 @@ def resolve_root(name: str, root: Path) -> Path | None:
 
 
 def check_available(name: str, root: Path, download: bool) -> None:
-    """Raise a one-line ConfigError when the dataset is missing and may not be downloaded."""
+    """Raise a one-line ConfigError when the dataset is missing and may not be downloaded,
+    or a BadSourceFile when a raw file is not the published one."""
     info = DATASETS[name]
-    if not info.folder or download or info.loader is not None:
+    if not info.folder or info.loader is not None:
+        return
+    files = source_files(name, root)
+    verify_sources(name, files)
+    if files or download:
         return
     raw = _raw_dir(name, root)
-    if _has_files(raw, info.raw_files) or _has_files(raw, info.raw_files, ".gz"):
-        return
     raise ConfigError(
         f"data.data-root={str(root)!r}: dataset {name} not found (expected {raw}/"
         f"{info.raw_files[0]}[.gz]); set data.data-root or FEDAPPS_DATA_ROOT, "
@@ -272,6 +375,25 @@ def _torchvision(name: str, root: Path, download: bool) -> tuple[np.ndarray, np.
     return np.concatenate(xs), np.concatenate(ys)
 
 
+def _read_torchvision(name: str, root: Path, download: bool
+                      ) -> tuple[np.ndarray, np.ndarray, str]:
+    """Images, labels and the source identity of a torchvision dataset; a file torchvision
+    cannot parse is a one-line ConfigError naming the folder it read (the cache's, if there)."""
+    check_available(name, root, download)
+    identity = source_identity(name, root)
+    tv_root = resolve_root(name, root, identity) or root
+    try:
+        x, y = _torchvision(name, tv_root, download)
+    except (RuntimeError, ValueError, AssertionError, OSError, EOFError) as err:
+        where = _raw_dir(name, tv_root)
+        fix = (f"delete {where} to unpack it again" if tv_root != root
+               else f"put a good copy of {DATASETS[name].folder} there")
+        reason = (str(err).strip().splitlines() or [""])[0][:200]
+        raise ConfigError(f"dataset {name}: cannot read {where} ({type(err).__name__}: "
+                          f"{reason}); {fix}") from None
+    return x, y, identity
+
+
 def load_pool(name: str, root: Path, download: bool = False) -> Pool:
     """Load a whole dataset into memory (official train first, then official test)."""
     info = DATASETS[name]
@@ -283,14 +405,14 @@ def load_pool(name: str, root: Path, download: bool = False) -> Pool:
                              f"samples of shape {pool.input_shape}, expected {info.task}/"
                              f"{info.normalization} {tuple(info.shape)}")
         return pool
+    source = ""
     if name == "digits":
         x, y = _digits()
         num_train = DIGITS_NUM_TRAIN
     else:
-        check_available(name, root, download)
-        tv_root = resolve_root(name, root) or root
-        x, y = _torchvision(name, tv_root, download)
+        x, y, source = _read_torchvision(name, root, download)
         num_train = {"cifar10": 50000, "cifar100": 50000, "emnist": 112800}.get(name, 60000)
     if x.shape[1:] != info.shape:
         raise ValueError(f"dataset {name}: images of shape {x.shape[1:]}, expected {info.shape}")
-    return Pool(torch.from_numpy(x), torch.from_numpy(y), num_train, info.num_classes)
+    return Pool(torch.from_numpy(x), torch.from_numpy(y), num_train, info.num_classes,
+                source=source)

@@ -1,0 +1,151 @@
+"""Process trees the launcher starts: find them, stop them, and make them die with it.
+
+A SIGKILLed launcher runs no cleanup code, and what it started (the SuperLink, SuperNodes and
+`flwr run`, each SuperLink's executors and Ray's services, most in sessions of their own) would
+run on; the SuperLink would even finish the run. So the launcher starts one watchdog process
+(this file run as a script, standard library only) that holds the read end of a pipe, and
+registers every child it starts (`watch`). However the launcher ends, the kernel closes the
+write end: the watchdog reads EOF and stops the process tree of every child still registered.
+
+A pipe rather than Linux's PR_SET_PDEATHSIG: the death signal follows the *thread* that forked
+the child, and children are started from worker threads (`reproduce --jobs`, fault tests that
+restart nodes), which would kill them when that thread ends. Process start times guard against
+a pid reused after the child exited.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+
+def descendants(pid: int) -> list[int]:
+    """All live descendants of a process (Linux /proc; empty elsewhere)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def running(pid: int) -> bool:
+    """The process exists and is not a zombie waiting for its reaper."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return False
+    return fields[0] != "Z"
+
+
+def start_time(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (/proc/<pid>/stat field 22): with
+    the pid, the identity of one process."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def terminate(pids: list[int], grace: float = 5.0) -> None:
+    """SIGTERM, then SIGKILL whatever is still alive after `grace` seconds."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        alive = []
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+                alive.append(pid)
+            except ProcessLookupError:
+                continue
+        if not alive or sig == signal.SIGKILL:
+            return
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and any(running(p) for p in alive):
+            time.sleep(0.1)
+        pids = alive
+
+
+def stop_trees(pids: list[int], grace: float = 3.0) -> None:
+    """Stop processes and all their descendants (those that left its session included) at
+    once; descendants started while they shut down are collected again for the SIGKILL."""
+    family = [q for p in pids for q in (p, *descendants(p))]
+    terminate(family, grace)
+    terminate([q for p in family for q in descendants(p)], grace=0.0)
+
+
+# ---- the watchdog --------------------------------------------------------------------------
+_lock = threading.Lock()
+_watchdog: subprocess.Popen | None = None
+_watched: dict[int, str] = {}  # pid -> start time, re-sent if the watchdog must restart
+
+
+def _send(line: str) -> None:
+    """One registration line to the watchdog, started (again) when needed. Callers hold
+    _lock."""
+    global _watchdog
+    for _ in range(2):
+        if _watchdog is None or _watchdog.poll() is not None:
+            _watchdog = subprocess.Popen(
+                [sys.executable, "-I", str(Path(__file__).resolve()), str(os.getpid())],
+                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                start_new_session=True, text=True)  # Ctrl-C on the terminal does not reach it
+            line = "".join(f"+{p} {t}\n" for p, t in _watched.items()) + line
+        try:
+            assert _watchdog.stdin is not None
+            _watchdog.stdin.write(line)
+            _watchdog.stdin.flush()
+            return
+        except (BrokenPipeError, OSError):
+            _watchdog = None
+
+
+def watch(pid: int) -> None:
+    """Tie a child's process tree to this process: if this process dies without stopping the
+    child (SIGKILL included), the watchdog stops it within a fraction of a second."""
+    start = start_time(pid)
+    if start is None:  # already gone (or not Linux: nothing to watch with)
+        return
+    with _lock:
+        _watched[pid] = start
+        _send(f"+{pid} {start}\n")
+
+
+def unwatch(pid: int) -> None:
+    """The child was stopped by its owner: forget it."""
+    with _lock:
+        if _watched.pop(pid, None) is not None:
+            _send(f"-{pid}\n")
+
+
+def _serve(stream) -> None:  # noqa: ANN001 - a text stream (stdin)
+    """The watchdog: read registrations until EOF (the launcher ended), then stop every
+    registered child that is still the same process."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    registered: dict[int, str] = {}
+    for line in stream:
+        op, _, rest = line.strip().partition(" ")
+        try:
+            pid = int(op[1:])
+        except ValueError:
+            continue
+        if op.startswith("+"):
+            registered[pid] = rest
+        elif op.startswith("-"):
+            registered.pop(pid, None)
+    stop_trees([pid for pid, start in registered.items() if start_time(pid) == start])
+
+
+if __name__ == "__main__":
+    _serve(sys.stdin)
