@@ -125,7 +125,9 @@ def _report(status: str, out: Path) -> int:
     results = out / "results.json"
     summary = json.loads(results.read_text())["summary"] if results.is_file() else {}
     if status != "finished:completed" or summary.get("status") != "completed":
-        print(f"fedapps: run failed (status {status}); partial results: {out}", file=sys.stderr)
+        recorded = str(summary.get("status", ""))  # why, when the run or the launcher said
+        why = recorded if recorded.startswith(("failed", "stopped")) else f"status {status}"
+        print(f"fedapps: run failed ({why}); partial results: {out}", file=sys.stderr)
         return 1
 
     metric = summary.get("metric", "accuracy")

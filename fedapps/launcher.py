@@ -185,6 +185,8 @@ class LocalSuperLink:
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")  # Flower's log colours
 ERROR_LINE = re.compile(r"^[\w.]*(Error|Exception|BadZipFile): .")  # a traceback's last line
+# Flower's simulation re-raises the cause under this message: the line before it says more
+FLOWER_WRAPPER = "RuntimeError: An error was encountered. Ending simulation."
 
 
 def default_filter(line: str) -> bool:
@@ -231,7 +233,7 @@ def submit(
         plain = ANSI.sub("", line)
         if run_id is None and "Successfully started run" in plain:
             run_id = plain.strip().split()[-1]
-        if ERROR_LINE.match(plain.strip()):
+        if ERROR_LINE.match(plain.strip()) and plain.strip() != FLOWER_WRAPPER:
             error = plain.strip()
         tail = [*tail[-20:], line]
         if show(plain):

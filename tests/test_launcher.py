@@ -70,6 +70,8 @@ class _FakeLink:
                         "printf '\\033[92mINFO \\033[0m:  [fedapps] round 1/2  G 44.35%%\\n'\n"
                         "echo 'Traceback (most recent call last):'\n"
                         "echo \"NotADirectoryError: [Errno 20] Not a directory: 'x'\"\n"
+                        "echo 'The above exception was the direct cause of the following'\n"
+                        "echo 'RuntimeError: An error was encountered. Ending simulation.'\n"
                         "printf '\\033[91mERROR \\033[0m:  Exit Code: 700\\n'\n")
         flwr.chmod(0o755)
         self.path = f"{bin_dir}{os.pathsep}{os.environ['PATH']}"
