@@ -126,7 +126,8 @@ def _report(status: str, out: Path) -> int:
     summary = json.loads(results.read_text())["summary"] if results.is_file() else {}
     if status != "finished:completed" or summary.get("status") != "completed":
         recorded = str(summary.get("status", ""))  # why, when the run or the launcher said
-        why = recorded if recorded.startswith(("failed", "stopped")) else f"status {status}"
+        why = (recorded.removeprefix("failed: ") if recorded.startswith(("failed", "stopped"))
+               else f"status {status}")
         print(f"fedapps: run failed ({why}); partial results: {out}", file=sys.stderr)
         return 1
 
