@@ -21,7 +21,11 @@ from torch.nn import functional as F
 from clients.arrays import set_arrays
 from clients.base import BaseClient
 from clients.flops import forward_flops
+from fedapps.config import dataset_defaults
+from fedapps.errors import ConfigError
 from fedapps.settings import AlgoSettings, setting
+
+WIDTH_MODELS = ("width-cnn", "preresnet18")  # fedapps.registry._width_model builds them
 
 
 @dataclass(frozen=True)
@@ -29,7 +33,7 @@ class PartialSettings(AlgoSettings):
     """FedRolex / HeteroFL / Federated Dropout (seed 004): the global model and how clients'
     capacities are drawn and weighted."""
 
-    model: str = setting("width-cnn", choices=("width-cnn", "preresnet18"))
+    model: str = setting("width-cnn", choices=WIDTH_MODELS)
     hidden: tuple[int, ...] = setting((32, 64, 128), ge=1, what="channel counts")  # full model
     capacity: str = setting("uniform", choices=("uniform", "rho", "income"))
     levels: tuple[float, ...] = setting((1.0, 0.5, 0.25, 0.125, 0.0625), gt=0, le=1,
@@ -39,6 +43,17 @@ class PartialSettings(AlgoSettings):
     server_scale: float = setting(1.0, ge=1)  # gamma: global width over the largest client's
     weighting: str = setting("none", choices=("none", "model-size", "model-update", "hybrid"))
     label_mask: bool = setting(False)  # masked CE; P = accuracy over the client's classes
+
+    def check_run(self, cfg: Any) -> None:
+        """These methods build their own width models (algo.model, algo.hidden), so a model.*
+        value other than the dataset's would be silently ignored: refuse it."""
+        implied = dataset_defaults(str(cfg.dataset)).model
+        for key, value in cfg.model.items():
+            if value != implied.get(key):
+                raise ConfigError(
+                    f"model.{key}={value!r}: {cfg.algorithm} builds its own model and ignores "
+                    f"model.*; choose it with algo.model (allowed: {', '.join(WIDTH_MODELS)})"
+                    " and algo.hidden")
 
 
 class PartialClient(BaseClient):

@@ -5,11 +5,13 @@ strategy's own state, in one .npz written atomically and read with allow_pickle=
 from __future__ import annotations
 
 import os
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from fedapps.errors import ConfigError
 from fedapps.rundir import check_owner
 
 FILE = "checkpoint.npz"
@@ -51,10 +53,20 @@ def save(run_dir: Path, snap: Snapshot, run_id: str | None = None) -> Path:
 
 def load(run_dir: Path) -> Snapshot | None:
     """The saved snapshot, or None without a checkpoint (files from before steps existed
-    have no `step`: their round is complete)."""
+    have no `step`: their round is complete). A truncated or damaged file is a one-line
+    ConfigError naming it (the CLI checks this before a resume starts any process)."""
     path = run_dir / FILE
     if not path.is_file():
         return None
+    try:
+        return _read(path)
+    except (OSError, EOFError, ValueError, KeyError, zipfile.BadZipFile) as err:
+        reason = " ".join(str(err).split())  # one line, whatever the library wrote
+        raise ConfigError(f"{path}: not a readable checkpoint ({type(err).__name__}: {reason});"
+                          " it cannot be resumed") from None
+
+
+def _read(path: Path) -> Snapshot:
     with np.load(path, allow_pickle=False) as z:
         n_global = sum(1 for k in z.files if k.startswith("global_"))
         global_arrays = [z[f"global_{i}"] for i in range(n_global)]

@@ -1,4 +1,6 @@
-"""`fedapps` command line: run, validate and list experiments."""
+"""`fedapps` command line: run, validate, resume and list experiments, deploy them on real
+SuperLink/SuperNode processes. simulations/cli.py (the `fedapps` console script) adds
+`reproduce` and `partition`."""
 
 from __future__ import annotations
 
@@ -23,7 +25,10 @@ OVERWRITE_HELP = ("replace a run already in the run directory (without it, a com
 
 def build_parser() -> tuple[argparse.ArgumentParser, Any]:
     """The parser and its subparsers (simulations/cli.py adds `reproduce` to them)."""
-    p = argparse.ArgumentParser(prog="fedapps", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="fedapps", description="Federated learning experiments on Flower. Every command "
+        "has its own --help. (`python -m fedapps.cli` lacks reproduce and partition: use the "
+        "`fedapps` console script.)")
     sub = p.add_subparsers(dest="command", required=True)
     for name, text in (("run", "run an experiment as a Flower simulation"),
                        ("validate", "resolve and check an experiment's config, print it")):
@@ -37,8 +42,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, Any]:
             s.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     d = sub.add_parser("deploy-local", help="run an experiment on a real SuperLink + SuperNodes "
                        "(separate processes, loopback gRPC/HTTP)")
-    d.add_argument("experiment")
-    d.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    d.add_argument("experiment", help="preset in conf/experiment (see `fedapps list`)")
+    d.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key, as for `fedapps run`")
     d.add_argument("--state-dir", default=None,
                    help="per-node personal state on disk (default: <run dir>/node-state)")
     d.add_argument("--tls", metavar="DIR", default=None,
@@ -48,12 +54,18 @@ def build_parser() -> tuple[argparse.ArgumentParser, Any]:
     d.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     n = sub.add_parser("node", help="start one SuperNode for this app (e.g. on a Jetson)")
     n.add_argument("--superlink", required=True, help="SuperLink Fleet address host:port")
-    n.add_argument("--partition-id", type=int, required=True)
-    n.add_argument("--num-partitions", type=int, required=True)
-    n.add_argument("--data-root", default=None)
+    n.add_argument("--partition-id", type=int, required=True,
+                   help="this node's client, 0..num-partitions-1 (its data partition)")
+    n.add_argument("--num-partitions", type=int, required=True,
+                   help="clients in the federation (= the experiment's federation.num-clients)")
+    n.add_argument("--data-root", default=None,
+                   help="folder holding the dataset on this device (default: data.data-root, "
+                        "else $FEDAPPS_DATA_ROOT, else ./data)")
     n.add_argument("--dataset", default=None, help="check that data-root holds this dataset")
-    n.add_argument("--state-dir", default=None)
-    n.add_argument("--num-threads", type=int, default=None)
+    n.add_argument("--state-dir", default=None,
+                   help="keep personal client state on disk here (survives a node restart)")
+    n.add_argument("--num-threads", type=int, default=None,
+                   help="torch CPU threads for training (default 1)")
     n.add_argument("--root-certificates", default=None, help="CA certificate (TLS)")
     n.add_argument("--auth-key", default=None, help="this node's private key (node auth)")
     n.add_argument("--check-only", action="store_true", help="validate and exit")
@@ -62,7 +74,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, Any]:
     r.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="only rounds (e.g. --set rounds=50 to run further than first planned), "
                         "output.plots, federation.round-timeout and wandb.* may change")
-    r.add_argument("--verbose", action="store_true")
+    r.add_argument("--verbose", action="store_true", help="show Flower's whole log")
     sub.add_parser("list", help="list experiments, datasets, algorithms and grids")
     return p, sub
 
@@ -106,12 +118,14 @@ def _resume(args: argparse.Namespace) -> int:
 
 def _named_run(args: argparse.Namespace):
     """The validated config, its run directory (named now if unnamed) and its client count."""
+    from fedapps.preflight import check_run
     from fedapps.runtime import run_dir
     from fedapps.server_app import default_run_name
 
     cfg = _resolve(args.experiment, args.overrides)
     if not cfg.output["run-name"]:
         cfg.output["run-name"] = default_run_name(cfg)
+    check_run(cfg, run_dir(cfg))  # this machine: output folder, device, checkpoint
     return cfg, run_dir(cfg), int(cfg.federation["num-clients"])
 
 
@@ -139,7 +153,10 @@ def _report(status: str, out: Path) -> int:
     results = out / "results.json"
     summary = json.loads(results.read_text())["summary"] if results.is_file() else {}
     if status != "finished:completed" or summary.get("status") != "completed":
-        print(f"fedapps: run failed (status {status}); partial results: {out}", file=sys.stderr)
+        recorded = str(summary.get("status", ""))  # why, when the run or the launcher said
+        why = (recorded.removeprefix("failed: ") if recorded.startswith(("failed", "stopped"))
+               else f"status {status}")
+        print(f"fedapps: run failed ({why}); partial results: {out}", file=sys.stderr)
         return 1
 
     metric = summary.get("metric", "accuracy")
@@ -160,9 +177,11 @@ def _report(status: str, out: Path) -> int:
 
 
 def _deploy_local(args: argparse.Namespace) -> int:
-    from fedapps.deploy import run_federation
+    from fedapps.deploy import check_tls_folder, run_federation
 
     cfg, out, n = _named_run(args)
+    if args.tls:
+        check_tls_folder(Path(args.tls).resolve(), n)
     state = Path(args.state_dir).resolve() if args.state_dir else out / "node-state"
     print(f"fedapps: {cfg.experiment} on a local SuperLink + {n} SuperNodes -> {out}",
           flush=True)

@@ -19,7 +19,8 @@ from fedapps.errors import ConfigError
 from fedapps.paths import CONF_DIR, data_root
 
 __all__ = ["CONF_DIR", "ConfigError", "available", "clients_per_round", "data_root",
-           "load_config", "parse_overrides", "to_container"]
+           "dataset_defaults", "load_config", "parse_overrides", "squash_overrides",
+           "to_container"]
 
 OPEN_SECTIONS = ("algo",)  # keys declared by the algorithm's settings class, not by YAML
 
@@ -47,6 +48,15 @@ def parse_overrides(overrides: str | Sequence[str] | None) -> list[str]:
         if "=" not in item:
             raise ConfigError(f"override {item!r}: expected key=value")
     return items
+
+
+def squash_overrides(items: Sequence[str]) -> list[str]:
+    """Each key once, with its last value (the one that wins), in the order the winners came:
+    what a run records as its invocation, so that resuming it again does not pile up
+    `output.run-name=...` and the other keys each resume sets."""
+    keys = [item.split("=", 1)[0].strip() for item in items]
+    last = {key: i for i, key in enumerate(keys)}
+    return [item for i, item in enumerate(items) if last[keys[i]] == i]
 
 
 def _unknown_keys(base: Any, update: Any, prefix: str = "") -> list[tuple[str, list[str]]]:
@@ -94,6 +104,15 @@ def load_config(experiment: str, overrides: str | Sequence[str] | None = None) -
     base.experiment = exp_name
     assert isinstance(base, DictConfig)
     return base
+
+
+def dataset_defaults(dataset: str) -> DictConfig:
+    """The config before the algorithm, experiment and overrides (defaults < dataset file):
+    tells a value the user chose from one the dataset merely implies."""
+    merged = OmegaConf.merge(OmegaConf.load(CONF_DIR / "defaults.yaml"),
+                             _load_yaml("dataset", dataset, "dataset"))
+    assert isinstance(merged, DictConfig)
+    return merged
 
 
 def clients_per_round(cfg: DictConfig) -> int:

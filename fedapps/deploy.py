@@ -146,8 +146,29 @@ def _federate(run_config: dict[str, str], num_nodes: int, data_root: Path | None
     return status
 
 
+def check_tls_folder(secure: Path, num_nodes: int) -> None:
+    """A --tls folder is empty (certificates are made there) or holds the CA, the server's
+    certificate and a key pair for each of the `num_nodes` nodes; else a one-line ConfigError
+    before any process starts (it used to fail in `flwr supernode register`, with a
+    traceback)."""
+    if secure.exists() and not secure.is_dir():
+        raise ConfigError(f"--tls {secure}: not a folder")
+    if not secure.is_dir() or not any(secure.iterdir()):
+        return
+    needed = ["ca.pem", "server.pem", "server.key"]
+    needed += [f"node-{i}{ext}" for i in range(num_nodes) for ext in ("", ".pub")]
+    missing = [name for name in needed if not (secure / name).is_file()]
+    if missing:
+        nodes = sum((secure / f"node-{i}.pub").is_file() for i in range(num_nodes))
+        raise ConfigError(
+            f"--tls {secure}: missing {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}"
+            f" (node keys for {nodes} of {num_nodes} clients); give an empty folder to make "
+            f"them, or run python deploy/make_certs.py {secure} --nodes {num_nodes}")
+
+
 def tls_superlink(secure: Path, num_nodes: int) -> tuple[list[str], dict[str, object]]:
     """SuperLink arguments and `flwr` connection options for TLS + node authentication."""
+    check_tls_folder(secure, num_nodes)
     if not (secure / "server.pem").is_file():
         import importlib.util
 
@@ -186,6 +207,8 @@ def check_node_settings(superlink: str, partition_id: int, num_partitions: int,
     host, sep, port = superlink.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ConfigError(f"--superlink={superlink!r}: expected host:port")
+    if num_partitions < 1:
+        raise ConfigError(f"--num-partitions={num_partitions}: must be >= 1")
     if not 0 <= partition_id < num_partitions:
         raise ConfigError(f"--partition-id={partition_id}: must be in 0..{num_partitions - 1} "
                           f"(--num-partitions={num_partitions})")

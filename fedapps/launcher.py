@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -153,6 +154,12 @@ class LocalSuperLink:
             return f"unknown ({out.stdout.strip() or out.stderr.strip()})"
 
 
+ANSI = re.compile(r"\x1b\[[0-9;]*m")  # Flower's log colours
+ERROR_LINE = re.compile(r"^[\w.]*(Error|Exception|BadZipFile): .")  # a traceback's last line
+# Flower's simulation re-raises the cause under this message: the line before it says more
+FLOWER_WRAPPER = "RuntimeError: An error was encountered. Ending simulation."
+
+
 def default_filter(line: str) -> bool:
     """Lines worth showing a user: our progress lines, warnings and errors."""
     if "default simulated SuperNodes" in line or "Manually terminating" in line:
@@ -188,17 +195,22 @@ def submit(
                 + (f" init-args-num-cpus={total_cpus}" if total_cpus else "")]
     run_id = None
     tail: list[str] = []
+    error = ""  # the last exception line in the log: why a failed run failed
+    colour = sys.stdout.isatty()  # no escape codes in redirected logs
     proc = subprocess.Popen(cmd, env=link.env(), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, bufsize=1)
     watch(proc.pid)
     assert proc.stdout is not None
     try:
         for line in proc.stdout:
-            if run_id is None and "Successfully started run" in line:
-                run_id = line.strip().split()[-1]
+            plain = ANSI.sub("", line)
+            if run_id is None and "Successfully started run" in plain:
+                run_id = plain.strip().split()[-1]
+            if ERROR_LINE.match(plain.strip()) and plain.strip() != FLOWER_WRAPPER:
+                error = plain.strip()
             tail = [*tail[-20:], line]
-            if show(line):
-                sys.stdout.write(prefix + line)
+            if show(plain):
+                sys.stdout.write(prefix + (line if colour else plain))
                 sys.stdout.flush()
         proc.wait()
     finally:
@@ -208,7 +220,14 @@ def submit(
     if run_id is None:
         sys.stderr.write("".join(tail))
         return None, f"not started (flwr run exited {proc.returncode})"
-    return run_id, link.run_status(run_id)
+    status = link.run_status(run_id)
+    if status != "finished:completed" and "run-name" in run_config:
+        from fedapps.results import mark_failed  # matplotlib: only when a run failed
+
+        mark_failed(Path(run_config["output-dir"]) / run_config["run-name"],
+                    f"{error or 'no error line in the log'} (run status {status}; "
+                    f"SuperLink log: {link.log_path})")
+    return run_id, status
 
 
 def gpus_per_client(device: str) -> float:

@@ -61,6 +61,22 @@ def summarize(rounds: list[dict[str, Any]], metric: str = "accuracy") -> dict[st
     }
 
 
+def mark_failed(run_dir: Path, reason: str) -> bool:
+    """Record that the run ended without completing: a results.json still saying `running`
+    (the ServerApp died, so its writer never got to say why) becomes `failed: <reason>`.
+    A status the run wrote itself (`completed`, `stopped: ...`) is kept. True if changed."""
+    path = run_dir / "results.json"
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return False  # nothing written yet, or not ours to repair
+    if doc.get("summary", {}).get("status") != "running":
+        return False
+    doc["summary"]["status"] = f"failed: {' '.join(reason.split())}"
+    atomic_write(path, json.dumps(doc, indent=1))
+    return True
+
+
 class ResultsWriter:
     """Receives one record per round from the strategy and keeps the run directory current."""
 

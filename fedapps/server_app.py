@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import time
 from logging import INFO
 
@@ -10,7 +11,7 @@ from flwr.server import ServerApp, ServerAppComponents, ServerConfig
 
 from clients.arrays import get_arrays, set_arrays
 from fedapps import checkpoint, rundir
-from fedapps.config import clients_per_round, to_container
+from fedapps.config import clients_per_round, parse_overrides, squash_overrides, to_container
 from fedapps.data import check_available, federated_data
 from fedapps.errors import ConfigError
 from fedapps.evaluation import evaluate_sums, summarize_central
@@ -81,8 +82,9 @@ def server_fn(context: Context) -> ServerAppComponents:
     if saved is not None and saved.completed_rounds >= int(cfg.rounds):  # before any write
         raise ConfigError(f"rounds={cfg.rounds}: the run already completed "
                           f"{saved.completed_rounds} rounds")
+    overrides = squash_overrides(parse_overrides(str(context.run_config.get("overrides", ""))))
     invocation = {"experiment": str(context.run_config.get("experiment", cfg.experiment)),
-                  "overrides": str(context.run_config.get("overrides", ""))}
+                  "overrides": shlex.join(overrides)}
     writer = ResultsWriter(out, to_container(cfg), data.summary(), int(cfg.rounds),
                            invocation=invocation, run_id=run_id,
                            resume_after=saved.completed_rounds if saved else None,

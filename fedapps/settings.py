@@ -163,8 +163,9 @@ def build_settings(cls: type[S], algo: Mapping[str, Any] | None) -> S:
     hints = typing.get_type_hints(cls)
     for key in algo:
         if key not in fields:
-            allowed = ", ".join(allowed_keys(cls)) or "none (this algorithm takes no algo keys)"
-            raise ConfigError(f"algo.{key}: unknown key; allowed here: {allowed}")
+            allowed = ", ".join(allowed_keys(cls))
+            raise ConfigError(f"algo.{key}: unknown key; " + (f"allowed here: {allowed}" if allowed
+                              else "this algorithm takes no algo.* keys"))
     values = {f.name: _convert(key, hints[f.name], f.metadata, algo[key])
               for key, f in fields.items() if key in algo}
     return cls(**values)

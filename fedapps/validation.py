@@ -51,6 +51,13 @@ def _choice(cfg: DictConfig, key: str, allowed: Sequence[str]) -> str:
     return str(value)
 
 
+def is_plain_name(name: str) -> bool:
+    """A run name names one folder inside output.output-dir: `..`, `a/b` or an absolute path
+    would put results (and client state) elsewhere; a leading '.' could take the name of
+    `.client-state`."""
+    return bool(name) and not name.startswith(".") and not any(c in name for c in "/\\\0")
+
+
 def resolve_config(experiment: str, overrides: str | Sequence[str] | None = None,
                    check_data: bool = True) -> DictConfig:
     """Load, validate and complete one run's config (algo defaults filled in): what a run,
@@ -127,6 +134,9 @@ def validate(cfg: DictConfig, check_data: bool = True) -> None:
     ef = _number(cfg, "eval.fraction")
     _require(0 < ef <= 1, "eval.fraction", ef, "must be in (0, 1]")
     _choice(cfg, "wandb.mode", WANDB_MODES)
+    name = cfg.output["run-name"]
+    _require(name is None or is_plain_name(str(name)), "output.run-name", name,
+             "must be a plain folder name (not empty, no '/' or '\\', not starting with '.')")
     try:
         validate_server_settings(cfg.server)
     except ValueError as err:

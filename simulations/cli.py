@@ -107,12 +107,17 @@ def _positive(text: str) -> int:
     return int(text)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """fedapps.cli's commands plus `reproduce` and `partition`: the whole `fedapps` script."""
     parser, sub = app_cli.build_parser()
+    parser.description = ("Federated learning experiments on Flower: run, validate, resume, "
+                          "deploy-local, node, list, reproduce and partition. Every command has "
+                          "its own --help.")
     r = sub.add_parser("reproduce", help="run a grid over seeds; table and plots vs the paper")
     r.add_argument("grid", help="a file in conf/grid (or an experiment preset)")
     r.add_argument("--seeds", type=int, default=None, help="use seeds 0..N-1 (default: the grid's)")
-    r.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    r.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key in every run of the grid")
     r.add_argument("--cells", default=None, metavar="LABEL[,LABEL]",
                    help="run only these cells (the table still shows every finished run)")
     r.add_argument("--table-only", action="store_true",
@@ -129,7 +134,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", default=None, metavar="FILE", help="write the same numbers as JSON")
     p.add_argument("--png", default=None, metavar="FILE",
                    help="clients x classes heatmap of the counts, with the EMD")
-    return app_cli.main(argv, parser, {"reproduce": _reproduce, "partition": _partition})
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    return app_cli.main(argv, build_parser(), {"reproduce": _reproduce, "partition": _partition})
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ from omegaconf import OmegaConf
 from fedapps.config import available, load_config
 from fedapps.errors import ConfigError
 from fedapps.paths import CONF_DIR
+from fedapps.preflight import check_device, check_output_dir
 from fedapps.rundir import RunCompleted, RunDirBusy
 from fedapps.validation import validate
 
@@ -127,6 +128,7 @@ def run_grid(grid: Grid, overrides: Sequence[str], out_root: Path, runner: Runne
     if unknown:
         raise ConfigError(f"--cells {','.join(unknown)}: not a cell of grid {grid.name}; cells: "
                           f"{', '.join(labels)}")
+    check_output_dir(out_root / grid.name, "--output-dir")
     plan = []
     for cell in grid.cells():
         if only and cell_label(cell) not in only:
@@ -137,6 +139,7 @@ def run_grid(grid: Grid, overrides: Sequence[str], out_root: Path, runner: Runne
                     *grid.cell_overrides.get(cell_label(cell), []), f"seed={seed}"]
             cfg = load_config(grid.experiment, sets)
             validate(cfg)  # every cell is checked before the first run starts
+            check_device(str(cfg.device))
             plan.append((cell, seed, sets, int(cfg.federation["num-clients"])))
     done, pending = [], []
     for i, (cell, seed, sets, n_clients) in enumerate(plan, 1):
@@ -268,6 +271,8 @@ def reproduce(name: str, seeds: int | None, overrides: Sequence[str], out_root: 
     `table_only` tabulates the finished runs already on disk without starting any.
     """
     grid = load_grid(name)
+    if seeds is not None and seeds < 1:
+        raise ConfigError(f"--seeds {seeds}: must be >= 1 (runs seeds 0..N-1)")
     if seeds is not None:
         grid.seeds = list(range(seeds))
     if not table_only:

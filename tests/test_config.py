@@ -155,7 +155,7 @@ def test_algo_rules_name_the_key_value_and_rule(overrides, message):
      "algo.mu: unknown key; allowed here: lambda, personal-epochs"),
     (["algorithm=fedbabu", "algo.head-epochs=1"],
      "algo.head-epochs: unknown key; allowed here: finetune-epochs, shared-prefix"),
-    (["algo.mu=1"], "algo.mu: unknown key; allowed here: none (this algorithm takes no algo keys)"),
+    (["algo.mu=1"], "algo.mu: unknown key; this algorithm takes no algo.* keys"),
 ])
 def test_unknown_algo_key_lists_the_settings_fields(overrides, message):
     with pytest.raises(ConfigError) as err:
@@ -252,3 +252,108 @@ def test_settings_builder_directly():
         build_settings(Demo, {"some-rate": 0})
     with pytest.raises(ConfigError, match=r"^algo=3: must be a mapping"):
         build_settings(Demo, 3)  # type: ignore[arg-type]
+
+
+# ---- checks before anything starts (issue 19): one line on stderr, exit 2, no process --------
+@pytest.fixture
+def nothing_starts(monkeypatch):
+    """Fail the test if a SuperLink (simulation or deployment) were started."""
+    from fedapps import launcher
+
+    def refuse(self):
+        raise AssertionError("a SuperLink was started")
+
+    monkeypatch.setattr(launcher.LocalSuperLink, "__enter__", refuse)
+
+
+def _broken_setups(tmp):
+    """A file where a folder should be, a run with a truncated checkpoint, a TLS folder with
+    key pairs for 2 nodes of 10."""
+    import json
+
+    import numpy as np
+
+    (tmp / "a-file").write_text("")
+    run = tmp / "truncated"
+    run.mkdir()
+    (run / "results.json").write_text(json.dumps(
+        {"invocation": {"experiment": "quickstart", "overrides": "rounds=2"}}))
+    np.savez(run / "checkpoint.npz", round=np.array(1), global_0=np.zeros(100))
+    data = (run / "checkpoint.npz").read_bytes()
+    (run / "checkpoint.npz").write_bytes(data[: len(data) // 2])
+    certs = tmp / "certs"
+    certs.mkdir()
+    for name in ("ca.pem", "server.pem", "server.key", "node-0", "node-0.pub", "node-1",
+                 "node-1.pub"):
+        (certs / name).write_text("x")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["run", "quickstart", "--set", "output.output-dir={tmp}/a-file/sub"],
+     "output.output-dir='{tmp}/a-file/sub': cannot write there (Not a directory)"),
+    (["resume", "{tmp}/truncated"],
+     "{tmp}/truncated/checkpoint.npz: not a readable checkpoint (BadZipFile: File is not a zip "
+     "file); it cannot be resumed"),
+    (["deploy-local", "quickstart", "--tls", "{tmp}/certs", "--set", "output.output-dir={tmp}"],
+     "--tls {tmp}/certs: missing node-2, node-2.pub, node-3 ... (node keys for 2 of 10 "
+     "clients); give an empty folder to make them, or run python deploy/make_certs.py "
+     "{tmp}/certs --nodes 10"),
+    (["run", "quickstart", "--set", "output.run-name=../x"],
+     "output.run-name='../x': must be a plain folder name (not empty, no '/' or '\\', not "
+     "starting with '.')"),
+    (["run", "quickstart", "--set", "output.run-name=a/b"], "output.run-name='a/b': must be a"),
+    (["run", "quickstart", "--set", "algorithm=fedrolex", "--set", "model.name=mlp"],
+     "model.name='mlp': fedrolex builds its own model and ignores model.*; choose it with "
+     "algo.model (allowed: width-cnn, preresnet18) and algo.hidden"),
+    (["reproduce", "quick", "--seeds", "0", "--output-dir", "{tmp}/grids"],
+     "--seeds 0: must be >= 1 (runs seeds 0..N-1)"),
+    (["node", "--superlink", "127.0.0.1:9", "--partition-id", "0", "--num-partitions", "0"],
+     "--num-partitions=0: must be >= 1"),
+], ids=["unwritable-output-dir", "truncated-checkpoint", "tls-too-few-node-keys",
+        "run-name-dotdot", "run-name-slash", "fedrolex-model-name", "seeds-0",
+        "node-num-partitions-0"])
+def test_cli_refuses_before_anything_starts(argv, message, tmp_path, capsys, nothing_starts):
+    """Each used to fail 20-40 s in, inside Flower, with a traceback (or ran nothing and
+    exited 0: `--seeds 0`; or silently ignored a key: fedrolex's model.name)."""
+    from simulations.cli import main
+
+    tmp = tmp_path.resolve()
+    _broken_setups(tmp)
+    code = main([a.format(tmp=tmp) for a in argv])
+    out = capsys.readouterr()
+    assert code == 2
+    assert out.err.startswith(f"fedapps: config error: {message.format(tmp=tmp)}")
+    assert out.err.count("\n") == 1 and out.out == ""
+
+
+def test_device_cuda_without_a_gpu_is_refused_before_anything_starts(tmp_path, capsys,
+                                                                     monkeypatch, nothing_starts):
+    import torch
+
+    from simulations.cli import main
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    code = main(["run", "quickstart", "--set", "device=cuda", "--set",
+                 f"output.output-dir={tmp_path}"])
+    assert code == 2
+    assert capsys.readouterr().err == (
+        "fedapps: config error: device='cuda': no CUDA GPU on this machine "
+        "(torch.cuda.is_available() is False); use device=auto or cpu\n")
+
+
+def test_every_command_and_argument_has_help():
+    import argparse
+
+    from simulations.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    commands = {"run", "validate", "resume", "deploy-local", "node", "list", "reproduce",
+                "partition"}
+    assert set(sub.choices) == commands
+    assert all(c in parser.description for c in commands)  # the description names them all
+    listed = {c.dest: c.help for c in sub._choices_actions}
+    for name, command in sub.choices.items():
+        assert listed[name], f"fedapps {name}: no help"
+        for action in command._actions:
+            assert action.help, f"fedapps {name} {action.option_strings or action.dest}: no help"

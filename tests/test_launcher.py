@@ -186,3 +186,60 @@ def test_sigkill_of_fedapps_run_stops_the_superlink_its_executors_and_the_run(tm
         proc.kill()
         kill_all(processes_mentioning(marker))
         log.close()
+class _FakeLink:
+    """What `submit` needs of a LocalSuperLink; `flwr` is a script on the PATH it gives."""
+
+    def __init__(self, tmp: Path, status: str) -> None:
+        self.home, self.status, self.log_path = tmp, status, tmp / "superlink.log"
+        bin_dir = tmp / "bin"
+        bin_dir.mkdir()
+        flwr = bin_dir / "flwr"  # prints what `flwr run --stream` printed for a crashed run
+        flwr.write_text("#!/bin/sh\n"
+                        "echo 'Successfully started run 42'\n"
+                        "printf '\\033[92mINFO \\033[0m:  [fedapps] round 1/2  G 44.35%%\\n'\n"
+                        "echo 'Traceback (most recent call last):'\n"
+                        "echo \"NotADirectoryError: [Errno 20] Not a directory: 'x'\"\n"
+                        "echo 'The above exception was the direct cause of the following'\n"
+                        "echo 'RuntimeError: An error was encountered. Ending simulation.'\n"
+                        "printf '\\033[91mERROR \\033[0m:  Exit Code: 700\\n'\n")
+        flwr.chmod(0o755)
+        self.path = f"{bin_dir}{os.pathsep}{os.environ['PATH']}"
+
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "PATH": self.path}
+
+    def run_status(self, run_id: str) -> str:
+        return self.status
+
+
+def test_a_crashed_run_is_marked_failed_and_redirected_logs_have_no_colour(tmp_path, capsys):
+    import json
+
+    from fedapps.launcher import submit
+
+    out = tmp_path / "out" / "r"
+    out.mkdir(parents=True)
+    (out / "results.json").write_text(json.dumps({"rounds": [], "summary": {"status": "running"}}))
+    run_config = {"experiment": "quickstart", "overrides": "", "output-dir": str(out.parent),
+                  "run-name": "r"}
+    link = _FakeLink(tmp_path, "finished:failed")
+    assert submit(link, run_config, 2) == ("42", "finished:failed")
+    shown = capsys.readouterr().out
+    assert "[fedapps] round 1/2  G 44.35%" in shown and "Exit Code: 700" in shown
+    assert "\x1b" not in shown  # captured stdout is not a terminal: no escape codes
+    summary = json.loads((out / "results.json").read_text())["summary"]
+    assert summary["status"] == (
+        "failed: NotADirectoryError: [Errno 20] Not a directory: 'x' (run status "
+        f"finished:failed; SuperLink log: {link.log_path})")
+
+
+def test_a_status_the_run_wrote_itself_is_kept(tmp_path):
+    import json
+
+    from fedapps.results import mark_failed
+
+    for status in ("completed", "stopped: round 2: 1 of 5 clients"):
+        (tmp_path / "results.json").write_text(json.dumps({"summary": {"status": status}}))
+        assert not mark_failed(tmp_path, "whatever")
+        assert json.loads((tmp_path / "results.json").read_text())["summary"]["status"] == status
+    assert not mark_failed(tmp_path / "missing", "no results.json: nothing to mark")

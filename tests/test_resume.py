@@ -74,3 +74,44 @@ def test_resume_without_checkpoint_is_a_clear_error(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "fedapps.cli", "resume", str(tmp_path)],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "no results.json" in proc.stderr
+
+
+def test_resuming_again_records_each_override_once(tmp_path, monkeypatch):
+    """`fedapps resume` of a resumed run: invocation.overrides used to gain another
+    `output.run-name=...` and `output.output-dir=...` with every resume. In process: the
+    ServerApp's server_fn stands in for the Flower run the CLI would start."""
+    import shlex
+
+    from flwr.common import Context, RecordDict
+
+    from clients.arrays import get_arrays
+    from fedapps import cli, launcher
+    from fedapps.registry import make_model
+    from fedapps.server_app import server_fn
+    from fedapps.validation import resolve_config
+
+    run = tmp_path / "r"
+    run.mkdir()
+    model = make_model(resolve_config("quickstart", ["rounds=1"], check_data=False))
+    checkpoint.save(run, checkpoint.Snapshot(1, [a.copy() for a in get_arrays(model)]))
+    first = f"rounds=1 output.run-name=r output.output-dir={tmp_path}"  # as `fedapps run` left it
+    (run / "results.json").write_text(json.dumps({
+        "rounds": [], "summary": {"status": "stopped: test"},
+        "invocation": {"experiment": "quickstart", "overrides": first}}))
+
+    def start_server(experiment, overrides, n, out, **kwargs):  # what Flower would run
+        server_fn(Context(run_id=1, node_id=0, state=RecordDict(), node_config={}, run_config={
+            "experiment": experiment, "overrides": shlex.join(overrides),
+            "output-dir": str(out.parent), "run-name": out.name}))
+        return "finished:completed"
+
+    monkeypatch.setattr(launcher, "run_experiment", start_server)
+    recorded = []
+    for _ in range(2):
+        cli.main(["resume", str(run), "--set", "rounds=3"])
+        recorded.append(json.loads((run / "results.json").read_text())["invocation"]["overrides"])
+    keys = [item.split("=")[0] for item in shlex.split(recorded[1])]
+    assert recorded[0] == recorded[1] and len(keys) == len(set(keys))
+    assert dict(item.split("=", 1) for item in shlex.split(recorded[1])) == {
+        "rounds": "3", "output.run-name": "r", "output.output-dir": str(tmp_path),
+        "output.resume": "true"}
