@@ -77,12 +77,13 @@ def server_fn(context: Context) -> ServerAppComponents:
         raise ConfigError(f"output.resume=true: no {checkpoint.FILE} in {out}")
     invocation = {"experiment": str(context.run_config.get("experiment", cfg.experiment)),
                   "overrides": str(context.run_config.get("overrides", ""))}
-    writer = ResultsWriter(out, to_container(cfg), data.summary(), int(cfg.rounds),
+    partition = data.summary()
+    writer = ResultsWriter(out, to_container(cfg), partition, int(cfg.rounds),
                            invocation=invocation,
                            resume_after=saved.completed_rounds if saved else None,
                            metric=dataset_task(cfg).metric)
     fed = cfg.federation
-    emd = data.summary()["emd"]
+    emd = partition["emd"]
     log(INFO, "[fedapps] %s: %s on %s, %d clients (%d per round), %d rounds, EMD %s -> %s",
         cfg.experiment, cfg.algorithm, cfg.dataset, fed["num-clients"], clients_per_round(cfg),
         cfg.rounds, "-" if emd is None else f"{emd:.3f}", out)
@@ -103,6 +104,10 @@ def server_fn(context: Context) -> ServerAppComponents:
         on_stop=writer.stop,
         task=dataset_task(cfg),
         server_optimizer=server_optimizer(cfg),
+        partition_sizes=list(zip(partition["train_sizes"], partition["test_sizes"],
+                                 strict=True)),
+        max_update_norm=None if fed["max-update-norm"] is None
+        else float(fed["max-update-norm"]),
         **spec.strategy_kwargs(cfg, model),
     )
 
