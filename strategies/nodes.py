@@ -1,9 +1,12 @@
 """Node identity: which connected Flower node holds which partition, and what the server knows
 about it (its train and test sizes), from one handshake (get_properties) per node.
 
-Nothing a node says is trusted further than it can be checked: a node whose handshake fails
-(an error, a timeout, a partition id outside the federation, missing or impossible sizes) is
-logged and ignored, never asked again, and never stops the run. A node claiming a partition
+Nothing a node says is trusted further than it can be checked: a node whose handshake answer
+is impossible (a partition id outside the federation, missing or impossible sizes) is logged
+and ignored, never asked again, and never stops the run; one whose handshake fails (an error
+reply, e.g. a node started with a partition id its ClientApp refuses, or a timeout, or a
+SuperLink error under load) is asked again on the next calls, and ignored after
+HANDSHAKE_TRIES failures. A node claiming a partition
 that a live node already holds is a duplicate: it is warned about and kept on standby, so a
 partition is never counted twice; it takes over only if the holder leaves. A restarted node
 (a new node id for a partition whose holder no longer answers) replaces the old one.
@@ -26,6 +29,7 @@ from flwr.server.client_proxy import ClientProxy
 # a live holder answers in about a second; a killed one never does (a restarted node waits this
 # long once before it replaces its old self).
 PROBE_TIMEOUT = 10.0
+HANDSHAKE_TRIES = 3  # failed handshakes before a node is ignored for good (retries: PROBE_TIMEOUT)
 
 
 @dataclass(frozen=True)
@@ -73,6 +77,7 @@ class NodeDirectory:
         self.facts: dict[str, NodeFacts] = {}  # node id -> its accepted handshake
         self.standby: dict[str, int] = {}  # duplicates: node id -> the partition it claimed
         self.ignored: dict[str, str] = {}  # node id -> why (never asked again)
+        self.failed: dict[str, int] = {}  # node id -> failed handshakes so far
         self.started = False
 
     def facts_of(self, proxy: ClientProxy | None) -> NodeFacts | None:
@@ -107,11 +112,12 @@ class NodeDirectory:
         return {pid: proxies[cid] for cid, pid in self.partition_of.items() if cid in proxies}
 
     # ---- handshakes --------------------------------------------------------------------------
-    def _ask(self, proxies: Sequence[ClientProxy], timeout: float) -> list[dict[str, Any] | str]:
+    def _ask(self, proxies: Sequence[ClientProxy], timeouts: Sequence[float]
+             ) -> list[dict[str, Any] | str]:
         """Each node's properties, or why it gave none (asked in parallel, never raises)."""
         ins = GetPropertiesIns(config={})
 
-        def ask(proxy: ClientProxy) -> dict[str, Any] | str:
+        def ask(proxy: ClientProxy, timeout: float) -> dict[str, Any] | str:
             try:
                 res = proxy.get_properties(ins, timeout=timeout, group_id=0)
             except Exception as err:  # an error reply, a timeout, a lost node
@@ -123,16 +129,19 @@ class NodeDirectory:
         if not proxies:
             return []
         with ThreadPoolExecutor(max_workers=min(32, len(proxies))) as pool:
-            return list(pool.map(ask, proxies))
+            return list(pool.map(ask, proxies, timeouts))
 
     def _update(self, proxies: dict[str, ClientProxy]) -> None:
         self._promote_standby(proxies)
         known = set(self.partition_of) | set(self.standby) | set(self.ignored)
         unknown = [p for cid, p in proxies.items() if cid not in known]
+        timeouts = [self.probe_timeout if p.cid in self.failed else self.timeout for p in unknown]
         conflicts: list[tuple[ClientProxy, NodeFacts]] = []
-        for proxy, answer in zip(unknown, self._ask(unknown, self.timeout), strict=True):
-            facts = answer if isinstance(answer, str) else check_handshake(
-                answer, self.num_clients, self.known_sizes)
+        for proxy, answer in zip(unknown, self._ask(unknown, timeouts), strict=True):
+            if isinstance(answer, str):
+                self._failed(proxy.cid, answer)
+                continue
+            facts = check_handshake(answer, self.num_clients, self.known_sizes)
             if isinstance(facts, str):
                 self.ignored[proxy.cid] = facts
                 log(WARNING, "[fedapps] node %s ignored: %s", proxy.cid, facts)
@@ -147,6 +156,15 @@ class NodeDirectory:
                 conflicts.append((proxy, facts))
         self._resolve(conflicts, proxies)
 
+    def _failed(self, cid: str, reason: str) -> None:
+        self.failed[cid] = tries = self.failed.get(cid, 0) + 1
+        if tries >= HANDSHAKE_TRIES:
+            self.ignored[cid] = reason
+            log(WARNING, "[fedapps] node %s ignored: %s (%d tries)", cid, reason, tries)
+        else:
+            log(WARNING, "[fedapps] node %s: %s (try %d of %d; asked again later)", cid,
+                reason, tries, HANDSHAKE_TRIES)
+
     def _resolve(self, conflicts: list[tuple[ClientProxy, NodeFacts]],
                  proxies: dict[str, ClientProxy]) -> None:
         """A claim on a held partition: the holder is asked again; if it still answers with
@@ -155,7 +173,7 @@ class NodeDirectory:
             pid = facts.partition_id
             holder = self.holder(pid)
             assert holder is not None
-            answer = self._ask([proxies[holder]], self.probe_timeout)[0]
+            answer = self._ask([proxies[holder]], [self.probe_timeout])[0]
             if isinstance(answer, dict) and answer.get("partition-id") == pid:
                 self.standby[proxy.cid] = pid
                 self.facts[proxy.cid] = facts
@@ -163,8 +181,9 @@ class NodeDirectory:
                     "duplicate ignored (kept on standby, not counted)", proxy.cid, pid, holder)
             else:
                 self.ignored[holder] = f"did not answer; replaced by node {proxy.cid}"
-                log(INFO, "[fedapps] node %s replaces node %s (partition %d), which no longer "
-                    "answers", proxy.cid, holder, pid)
+                log(WARNING, "[fedapps] node %s claims partition %d, which node %s holds but "
+                    "did not answer within %.0f s: replaced (a restarted node)", proxy.cid,
+                    pid, holder, self.probe_timeout)
                 self._assign(proxy.cid, facts, replacing=holder)
 
     def _promote_standby(self, proxies: dict[str, ClientProxy]) -> None:

@@ -51,7 +51,9 @@ def test_bad_updates_and_crashes_are_counted_not_aggregated(tmp_path):
     assert status == "finished:completed"  # old code: the bad handshake failed the run
     log = "".join(lines)
     assert "ignored: handshake failed" in log  # the node outside the federation
-    assert "claims partition 0, which node" in log and "duplicate ignored" in log
+    # the duplicate of partition 0: on standby, or (a holder too slow to answer again under
+    # load) replacing it; counted once either way (fit_clients, eval_samples below)
+    assert "claims partition 0, which node" in log
     doc = json.loads((out / "results.json").read_text())
     test_sizes = doc["partition"]["test_sizes"]
     for r in doc["rounds"]:
