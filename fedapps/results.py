@@ -26,10 +26,15 @@ def atomic_write(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
-def summarize(rounds: list[dict[str, Any]], metric: str = "accuracy") -> dict[str, Any]:
+def summarize(rounds: list[dict[str, Any]], metric: str = "accuracy",
+              allow_partial: bool = False) -> dict[str, Any]:
     """Best and final G/P over the evaluated rounds (best G and best P may differ in round),
-    in the task's metric (accuracy, r2): best_global_<metric> and so on."""
-    evaluated = [r for r in rounds if r.get(f"global_{metric}") is not None]
+    in the task's metric (accuracy, r2): best_global_<metric> and so on. Rounds whose
+    evaluated population differs from the contract (`eval_complete` false: a node down or an
+    answer rejected) count only with `allow_partial` (eval.allow-partial): G over other
+    clients is another quantity, and a hung node raised it from 42.60% to 56.56%."""
+    evaluated = [r for r in rounds if r.get(f"global_{metric}") is not None
+                 and (allow_partial or r.get("eval_complete", True))]
 
     def best(key: str) -> float | None:
         vals = [r[key] for r in evaluated if r.get(key) is not None]
@@ -54,6 +59,8 @@ def summarize(rounds: list[dict[str, Any]], metric: str = "accuracy") -> dict[st
         f"best_personal_{metric}": best(f"personal_{metric}"),
         f"final_global_{metric}": last.get(f"global_{metric}"),
         f"final_personal_{metric}": last.get(f"personal_{metric}"),
+        "final_round": last.get("round"),  # the round final G/P come from
+        "partial_rounds": [r["round"] for r in rounds if r.get("eval_complete") is False],
         "rounds_completed": len(rounds),
         "total_bytes_down": sum(r["bytes_down"] for r in rounds),
         "total_bytes_up": sum(r["bytes_up"] for r in rounds),
@@ -107,7 +114,8 @@ class ResultsWriter:
     def summary(self) -> dict[str, Any]:
         return {
             "metric": self.metric,
-            **summarize(self.rounds, self.metric),
+            **summarize(self.rounds, self.metric,
+                        bool(self.cfg.get("eval", {}).get("allow-partial", False))),
             "wall_seconds": time.time() - self.started,
             "emd": self.partition["emd"],
             "min_client_samples": self.partition["min_client_samples"],

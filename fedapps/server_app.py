@@ -85,12 +85,13 @@ def server_fn(context: Context) -> ServerAppComponents:
     overrides = squash_overrides(parse_overrides(str(context.run_config.get("overrides", ""))))
     invocation = {"experiment": str(context.run_config.get("experiment", cfg.experiment)),
                   "overrides": shlex.join(overrides)}
-    writer = ResultsWriter(out, to_container(cfg), data.summary(), int(cfg.rounds),
+    partition = data.summary()
+    writer = ResultsWriter(out, to_container(cfg), partition, int(cfg.rounds),
                            invocation=invocation, run_id=run_id,
                            resume_after=saved.completed_rounds if saved else None,
                            metric=dataset_task(cfg).metric)
     fed = cfg.federation
-    emd = data.summary()["emd"]
+    emd = partition["emd"]
     log(INFO, "[fedapps] %s: %s on %s, %d clients (%d per round), %d rounds, EMD %s -> %s",
         cfg.experiment, cfg.algorithm, cfg.dataset, fed["num-clients"], clients_per_round(cfg),
         cfg.rounds, "-" if emd is None else f"{emd:.3f}", out)
@@ -113,6 +114,10 @@ def server_fn(context: Context) -> ServerAppComponents:
         task=dataset_task(cfg),
         server_optimizer=server_optimizer(cfg),
         round_timeout=timeout,
+        partition_sizes=list(zip(partition["train_sizes"], partition["test_sizes"],
+                                 strict=True)),
+        max_update_norm=None if fed["max-update-norm"] is None
+        else float(fed["max-update-norm"]),
         **spec.strategy_kwargs(cfg, model),
     )
 

@@ -11,6 +11,7 @@ Only torch and numpy are imported here, so clients, strategies and the server ca
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -68,6 +69,11 @@ class Task:
 
     def scores(self, n: int, sums: Sums) -> tuple[float | None, float | None]:
         """(G, P) from one set of sums; None where the score is undefined (no samples)."""
+        raise NotImplementedError
+
+    def check_sums(self, n: int, metrics: dict[str, Any]) -> str | None:
+        """Why a client's reported sums cannot come from evaluating n samples, or None: the
+        server pools them unweighted, so one impossible value would move G for everyone."""
         raise NotImplementedError
 
     def pooled_extras(self, client_metrics: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -143,6 +149,23 @@ class Classification(Task):
         if not n:
             return None, None
         return int(sums["correct-global"]) / n, int(sums["correct-personal"]) / n
+
+    def check_sums(self, n: int, metrics: dict[str, Any]) -> str | None:
+        """Correct counts are ints in 0..n; confusion counts, where sent, are C x C
+        non-negative counts that add up to n with the correct count on the diagonal."""
+        for key in self.sum_names:
+            v = metrics.get(key)
+            if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= n:
+                return f"{key}={v!r} must be an integer in 0..{n}"
+        for key, correct in zip(self.CONFUSION, self.sum_names, strict=True):
+            blob = metrics.get(key)
+            if blob is None:
+                continue
+            total = pooled_confusion([blob])
+            if total is None or total.min() < 0 or int(total.sum()) != n \
+                    or int(np.trace(total)) != metrics[correct]:
+                return f"{key}: not the confusion counts of {n} samples with {correct}"
+        return None
 
     def pooled_extras(self, client_metrics: Sequence[dict[str, Any]]) -> dict[str, Any]:
         """Macro and weighted F1 of G and P from the confusion counts summed over clients
@@ -235,6 +258,21 @@ class Regression(Task):
         if sst <= self.CONSTANT_TOL * sum_y2:
             return None, None
         return 1.0 - float(sums["sse-global"]) / sst, 1.0 - float(sums["sse-personal"]) / sst
+
+    def check_sums(self, n: int, metrics: dict[str, Any]) -> str | None:
+        """Finite sums; squares (sum y^2, both SSEs) >= 0; (sum y)^2 <= n sum y^2
+        (Cauchy-Schwarz, with rounding room): an SSE below 0 would give R^2 above 1."""
+        values = {k: metrics.get(k) for k in self.sum_names}
+        for key, v in values.items():
+            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+                return f"{key}={v!r} must be a finite number"
+        for key in ("sum-y2", "sse-global", "sse-personal"):
+            if values[key] < 0:  # type: ignore[operator]
+                return f"{key}={values[key]!r} must be >= 0"
+        sum_y, sum_y2 = float(values["sum-y"]), float(values["sum-y2"])  # type: ignore[arg-type]
+        if sum_y * sum_y > n * sum_y2 * (1 + 1e-9) + 1e-9:
+            return f"sum-y={sum_y!r}, sum-y2={sum_y2!r}: impossible for {n} samples"
+        return None
 
 
 TASKS: dict[str, Task] = {"classification": Classification(), "regression": Regression()}

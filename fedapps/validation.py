@@ -103,6 +103,9 @@ def validate(cfg: DictConfig, check_data: bool = True) -> None:
     mff = _number(cfg, "federation.min-fit-fraction")
     _require(0 < mff <= 1, "federation.min-fit-fraction", mff, "must be in (0, 1]")
     _choice(cfg, "federation.on-too-few", ("stop", "skip"))
+    if cfg.federation["max-update-norm"] is not None:
+        norm = _number(cfg, "federation.max-update-norm")
+        _require(norm > 0, "federation.max-update-norm", norm, "must be > 0 or null")
     if cfg.federation["round-timeout"] is not None:
         timeout = _number(cfg, "federation.round-timeout")
         _require(timeout > 0, "federation.round-timeout", timeout, "must be > 0 or null")
@@ -133,6 +136,8 @@ def validate(cfg: DictConfig, check_data: bool = True) -> None:
     _integer(cfg, "eval.eval-every", 1)
     ef = _number(cfg, "eval.fraction")
     _require(0 < ef <= 1, "eval.fraction", ef, "must be in (0, 1]")
+    _require(isinstance(cfg.eval["allow-partial"], bool), "eval.allow-partial",
+             cfg.eval["allow-partial"], "must be true or false")
     _choice(cfg, "wandb.mode", WANDB_MODES)
     name = cfg.output["run-name"]
     _require(name is None or is_plain_name(str(name)), "output.run-name", name,

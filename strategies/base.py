@@ -38,9 +38,9 @@ from fedapps.settings import AlgoSettings
 from fedapps.tasks import TASKS, Task
 from strategies import uploads
 from strategies.aggregation import weighted_average
-from strategies.nodes import NodeDirectory
+from strategies.nodes import NodeDirectory, NodeFacts
 from strategies.plan import CROSS_EVALUATE, TRAIN, Assignment, RoundPlan
-from strategies.records import RoundLog, progress_line, round_record, step_line
+from strategies.records import RoundLog, population, progress_line, round_record, step_line
 from strategies.sampling import sample_clients, sample_evaluators
 from strategies.steps import StepClock
 from strategies.uploads import Upload, parameters_nbytes
@@ -93,6 +93,8 @@ class BaseStrategy(Strategy):
         task: Task | None = None,
         round_timeout: float | None = None,
         wait_report_seconds: float = WAIT_REPORT_SECONDS,
+        partition_sizes: Sequence[tuple[int, int]] | None = None,
+        max_update_norm: float | None = None,
     ) -> None:
         super().__init__()
         self.global_arrays = [np.asarray(a) for a in initial_arrays]
@@ -113,7 +115,9 @@ class BaseStrategy(Strategy):
         self.on_stop = on_stop
         self.server_optimizer = server_optimizer
         self.task = task or TASKS["classification"]  # the dataset's: loss sums and metric
-        self.nodes = NodeDirectory(num_clients, properties_timeout)
+        # the server's own (train, test) size of each partition: bounds what nodes may claim
+        self.nodes = NodeDirectory(num_clients, properties_timeout, partition_sizes)
+        self.max_update_norm = max_update_norm  # federation.max-update-norm (None: no bound)
         # who a step still waits for, logged while clients are slow (Flower applies the timeout)
         self.waiting = Waiting(wait_report_seconds, round_timeout)
         self.steps_done = 0  # global steps completed before this process (a resume)
@@ -173,8 +177,11 @@ class BaseStrategy(Strategy):
         return [name.startswith(prefix) for name in self.array_names]
 
     def shared_arrays(self) -> list[np.ndarray]:
-        return [a for a, shared in zip(self.global_arrays, self.shared_mask(), strict=True)
-                if shared]
+        return self.shared_part(self.global_arrays)
+
+    def shared_part(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        """The positions of a full model that clients upload."""
+        return [a for a, shared in zip(arrays, self.shared_mask(), strict=True) if shared]
 
     def merge(self, shared_arrays: list[np.ndarray]) -> list[np.ndarray]:
         """The global arrays with the shared positions replaced by `shared_arrays`."""
@@ -211,11 +218,17 @@ class BaseStrategy(Strategy):
         self.current.instructions += len(plan.assignments)
         return plan
 
-    def check_upload(self, res: FitRes) -> Upload | str:
-        """The answer checked against the open step's plan: an Upload or the reason."""
+    def check_upload(self, res: FitRes, proxy: ClientProxy | None = None) -> Upload | str:
+        """The answer checked against the open step's plan and bound to the node that sent
+        it (`proxy`; None only in tests that bypass the node directory): an Upload or the
+        reason."""
         if self.current_plan is None:
             return "no step is open"
-        return uploads.check_upload(res, self.current_plan, self.validate_metrics)
+        sender = self.nodes.facts_of(proxy)
+        if proxy is not None and sender is None:
+            return f"node {proxy.cid}: holds no partition"
+        return uploads.check_upload(res, self.current_plan, self.validate_metrics,
+                                    sender=sender, max_norm=self.max_update_norm)
 
     def server_update(self, server_round: int, aggregated: list[np.ndarray]
                       ) -> list[np.ndarray]:
@@ -280,15 +293,16 @@ class BaseStrategy(Strategy):
             raise RuntimeError(f"round {r} step {step}: answers arrived without a plan")
         rlog = self.round_log(r)
         uploads: list[Upload] = []
-        for _, res in results:
-            pid = res.metrics.get("partition-id")
+        for proxy, res in results:
+            sender = self.nodes.facts_of(proxy)
+            pid = sender.partition_id if sender else res.metrics.get("partition-id")
             a = plan.get(pid) if isinstance(pid, int) else None
             nbytes = parameters_nbytes(res.parameters)
             if a is not None and a.task == CROSS_EVALUATE:
                 rlog.bytes_up_xeval += nbytes
             else:
                 rlog.bytes_up += nbytes
-            checked = self.check_upload(res)
+            checked = self.check_upload(res, proxy)
             if isinstance(checked, Upload):
                 uploads.append(checked)
                 rlog.fit_metrics[checked.partition_id] = {
@@ -326,6 +340,12 @@ class BaseStrategy(Strategy):
     def eval_sample(self, server_round: int, available: Sequence[int]) -> list[int]:
         return sample_evaluators(self.seed, server_round, available, self.eval_fraction)
 
+    def eval_contract(self, server_round: int) -> list[int]:
+        """Who must evaluate for the round's G to be complete: every client, or the seeded
+        eval.fraction sample drawn from all of them (not from those that happen to be up,
+        so a node being down cannot change who else is asked)."""
+        return self.eval_sample(server_round, range(self.num_clients))
+
     def eval_due(self, server_round: int) -> bool:
         return server_round % self.eval_every == 0 or server_round == self.num_rounds
 
@@ -339,8 +359,12 @@ class BaseStrategy(Strategy):
             self.finish_round(r, {})
             return []
         clients = self.nodes.clients_by_partition(client_manager)
+        rlog = self.round_log(r)
+        rlog.eval_expected = self.eval_contract(r)
         instructions = []
-        for pid in self.eval_sample(r, list(clients)):
+        for pid in rlog.eval_expected:
+            if pid not in clients:
+                continue
             params = ndarrays_to_parameters(self.eval_arrays(r, pid))
             self.round_log(r).bytes_down_eval += parameters_nbytes(params)
             instructions.append((pid, clients[pid], EvaluateIns(params, {"server-round": r})))
@@ -354,8 +378,12 @@ class BaseStrategy(Strategy):
     ) -> tuple[float | None, dict[str, Scalar]]:
         self.waiting.end()
         r, _ = self.position(server_round)
-        metrics = self.evaluation_metrics([res for _, res in results])
+        metrics = self.evaluation_metrics([res for _, res in results],
+                                          [self.nodes.facts_of(p) for p, _ in results])
         metrics["eval_failures"] = len(failures)
+        expected = self.round_log(r).eval_expected
+        if expected is not None:
+            metrics.update(population(metrics["eval_population"], expected))
         self.finish_round(r, metrics)
         return metrics.get("loss"), {k: v for k, v in metrics.items()
                                      if isinstance(v, int | float) and not isinstance(v, bool)}
@@ -374,16 +402,31 @@ class BaseStrategy(Strategy):
         return float(metrics.get("official_test_loss", 0.0)), dict(metrics)
 
     # ---- evaluation and bookkeeping -----------------------------------------------------------
-    def evaluation_metrics(self, results: list[EvaluateRes]) -> dict[str, Any]:
-        """G and P pooled over all clients' local test splits (evaluation contract: exact
+    def evaluation_metrics(self, results: list[EvaluateRes],
+                           senders: Sequence[NodeFacts | None] | None = None
+                           ) -> dict[str, Any]:
+        """G and P pooled over the clients' local test splits (evaluation contract: exact
         micro-averages for accuracy, R^2 from pooled sums), per-client percentiles, and each
-        client's score (index = partition id)."""
-        rows = []
-        for r in results:
-            pid = r.metrics.get("partition-id")
-            rows.append((pid if isinstance(pid, int) else None, r.num_examples, r.loss,
-                         r.metrics))
-        return reduce_evaluations(self.task, rows, self.num_clients)
+        client's score (index = partition id). Each answer is checked first and bound to its
+        sender's handshake (uploads.check_evaluation); rejected ones are counted, with their
+        reasons, and left out, as is a second answer for one partition."""
+        rows, reasons = [], []
+        for res, sender in zip(results, senders or [None] * len(results), strict=True):
+            checked = uploads.check_evaluation(res, self.task, self.num_clients, sender)
+            if isinstance(checked, str):
+                reasons.append(checked)
+            elif any(row[0] == checked[0] for row in rows):
+                reasons.append(f"client {checked[0]}: a second evaluation; ignored")
+            else:
+                rows.append(checked)
+        for reason in reasons:
+            log(WARNING, "rejected evaluation: %s", reason)
+        rows.sort(key=lambda row: row[0])  # arrival order must not change the sums
+        metrics = reduce_evaluations(self.task, rows, self.num_clients)
+        metrics["eval_population"] = [row[0] for row in rows]
+        metrics["eval_rejected"] = len(reasons)
+        metrics["eval_failure_reasons"] = reasons
+        return metrics
 
     def round_log(self, server_round: int) -> RoundLog:
         """The open round's log (opened here if no step was planned, e.g. in tests)."""

@@ -88,7 +88,7 @@ class FedCyclic(BaseStrategy):
     def plan(self, server_round: int, step: int, participants: list[int]) -> RoundPlan:
         models = self.current_chains(server_round)
         hops = [Assignment(group[step], models[c], self.shared_arrays(), role="relay",
-                           facts={CHAIN: c})
+                           facts={CHAIN: c}, reference=self.shared_part(models[c]))
                 for c, group in enumerate(self.chain_groups(server_round, participants))
                 if step < len(group)]  # fewer clients connected than planned: fewer hops
         return self.make_plan(server_round, step, hops)

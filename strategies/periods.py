@@ -59,9 +59,10 @@ class PeriodicStrategy(BaseStrategy):
         period, _ = self.phase(step)
         who = sorted(participants) if period == 0 else sorted(set(participants) & set(self.local))
         expected = self.shared_arrays()
+        sent = {pid: self.global_arrays if period == 0 else self.local[pid] for pid in who}
         return self.make_plan(server_round, step, [
-            Assignment(pid, self.global_arrays if period == 0 else self.local[pid], expected,
-                       facts={"period": period}) for pid in who])
+            Assignment(pid, sent[pid], expected, facts={"period": period},
+                       reference=self.shared_part(sent[pid])) for pid in who])
 
     def store_trained(self, uploads: list[Upload]) -> None:
         """The snapshot of this period's trained models (and each client's data size)."""

@@ -27,7 +27,9 @@ class Assignment:
     cross-evaluation, which answers with scores only); `num_scores` is how many `score-<i>`
     metrics a cross-evaluation must return; `role` is algorithm-specific (e.g. phase-shift's
     fresh / correct / return); `facts` holds what aggregation needs about this client (e.g. the
-    index sets of its sub-model)."""
+    index sets of its sub-model); `reference` is what the upload's change is measured from
+    for `federation.max-update-norm` (default `expected`: the arrays the client received at
+    the uploaded positions)."""
 
     partition_id: int
     arrays: list[np.ndarray]
@@ -37,6 +39,7 @@ class Assignment:
     role: str = TRAIN
     num_scores: int = 0
     facts: dict[str, Any] = field(default_factory=dict)
+    reference: list[np.ndarray] | None = None
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:

@@ -35,6 +35,7 @@ class RoundLog:
     fit_metrics: dict[int, dict[str, Scalar]] = field(default_factory=dict)
     central: dict[str, float] = field(default_factory=dict)
     failure_reasons: list[str] = field(default_factory=list)
+    eval_expected: list[int] | None = None  # who must evaluate for a complete G (contract)
 
     def add_clients(self, partition_ids: list[int]) -> None:
         self.fit_clients = sorted(set(self.fit_clients) | set(partition_ids))
@@ -58,6 +59,15 @@ class RoundLog:
         log = cls(**doc, started=now - elapsed)
         log.fit_done = log.started + fit_elapsed if fit_elapsed is not None else None
         return log
+
+
+def population(evaluated: list[int], expected: list[int]) -> dict[str, Any]:
+    """The evaluated population against the contract: G over fewer clients (a node down, a
+    rejected answer) is not the same quantity, so the round is marked incomplete and
+    fedapps.results leaves it out of best/final G unless eval.allow-partial is set."""
+    missing = sorted(set(expected) - set(evaluated))
+    return {"eval_expected": len(expected), "eval_missing": missing,
+            "eval_complete": sorted(evaluated) == sorted(expected)}
 
 
 def round_record(rlog: RoundLog, metrics: dict[str, Any], metric: str = "accuracy"
@@ -102,8 +112,10 @@ def progress_line(record: dict[str, Any], num_rounds: int, eta_seconds: float,
     steps = record.get("steps", 1)
     step_part = f" ({steps} steps)" if steps > 1 else ""
     g, p = record.get(f"global_{metric}"), record.get(f"personal_{metric}")
+    partial = "" if record.get("eval_complete", True) else \
+        f" (partial: {record['eval_clients']}/{record['eval_expected']} clients)"
     return (f"[fedapps] round {record['round']}/{num_rounds}{step_part}  "
-            f"G {format_metric(g, metric)}  P {format_metric(p, metric)}  "
+            f"G {format_metric(g, metric)}  P {format_metric(p, metric)}{partial}  "
             f"fit {sent - record['failures']}/{sent}  failures {record['failures']}  "
             f"{record['seconds']:.1f}s  ETA {eta_seconds:.0f}s")
 

@@ -154,7 +154,7 @@ def test_algo_rules_name_the_key_value_and_rule(overrides, message):
     (["algorithm=ditto", "algo.mu=1"],
      "algo.mu: unknown key; allowed here: lambda, personal-epochs"),
     (["algorithm=fedbabu", "algo.head-epochs=1"],
-     "algo.head-epochs: unknown key; allowed here: finetune-epochs, shared-prefix"),
+     "algo.head-epochs: unknown key; allowed here: finetune-epochs, finetune-part, shared-prefix"),
     (["algo.mu=1"], "algo.mu: unknown key; this algorithm takes no algo.* keys"),
 ])
 def test_unknown_algo_key_lists_the_settings_fields(overrides, message):

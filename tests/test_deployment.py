@@ -32,20 +32,47 @@ def test_deployment_gives_the_simulation_numbers(tmp_path, experiment):
 
 
 def test_bad_updates_and_crashes_are_counted_not_aggregated(tmp_path):
-    sets = ["rounds=2", "federation.num-clients=5", "federation.fraction-fit=1.0",
-            "federation.min-fit-fraction=0.2", "federation.round-timeout=30"]
-    faults = {1: {"fault": "nan"}, 2: {"fault": "raise"}, 3: {"fault": "shape"},
-              4: {"fault": "hang"}}
-    out = tmp_path / "run"
-    status = run_federation("quickstart", sets, 5, out, node_extra=faults, show=QUIET)
-    assert status == "finished:completed"
-    for r in rounds(out):
-        assert r["rejected_updates"] == 2  # NaN weights and the wrong shape
-        assert r["failures"] == 4  # + the crash and the timeout
+    """One healthy node among nodes that crash, hang, send bad arrays, forge their partition
+    id, inflate their sample count, scale their weights or report impossible evaluations; plus
+    a node outside the federation and one duplicating node 0 (issue 19)."""
+    n = 8
+    sets = ["rounds=2", f"federation.num-clients={n}", "federation.fraction-fit=1.0",
+            "federation.min-fit-fraction=0.1", "federation.round-timeout=30",
+            "federation.max-update-norm=100"]
+    faults = {1: "nan+eval-inflate", 2: "raise+eval-negative", 3: "shape", 4: "hang",
+              5: "forge-id", 6: "inflate", 7: "scale"}
+    nodes = {i: {"num-partitions": str(n), **({"fault": faults[i]} if i in faults else {})}
+             for i in range(n)}
+    nodes[n] = {"partition-id": str(n), "num-partitions": str(n)}  # outside 0..n-1
+    nodes[n + 1] = {"partition-id": "0", "num-partitions": str(n)}  # a second partition 0
+    out, lines = tmp_path / "run", []
+    status = run_federation("quickstart", sets, n + 2, out, node_extra=nodes,
+                            show=lambda line: lines.append(line) and False)
+    assert status == "finished:completed"  # old code: the bad handshake failed the run
+    log = "".join(lines)
+    assert "ignored: handshake failed" in log  # the node outside the federation
+    # the duplicate of partition 0: on standby, or (a holder too slow to answer again under
+    # load) replacing it; counted once either way (fit_clients, eval_samples below)
+    assert "claims partition 0, which node" in log
+    doc = json.loads((out / "results.json").read_text())
+    test_sizes = doc["partition"]["test_sizes"]
+    for r in doc["rounds"]:
+        assert r["fit_clients"] == list(range(n))  # each partition once: no duplicate
+        assert r["rejected_updates"] == 5  # NaN, shape, forged id, 10**12 samples, norm
+        assert r["failures"] == 7  # + the crash and the timeout
         assert list(r["client_fit_metrics"]) == ["0"]  # only the healthy client is averaged
-        assert any("NaN" in f for f in r["failure_reasons"])
-        assert any("expected" in f for f in r["failure_reasons"])
-    assert rounds(out)[-1]["global_accuracy"] > 0.1
+        reasons = " | ".join(r["failure_reasons"])
+        for part in ("NaN", "expected", "client 5: answer claims partition-id=0",
+                     "client 6: num_examples=1000000000000 exceeds", "client 7: update norm"):
+            assert part in reasons
+        # evaluation: inflated (1) and negative (2) counts and the forged id (5) rejected,
+        # the hung node (4) timed out; the duplicate of 0 was never asked
+        assert r["eval_population"] == [0, 3, 6, 7] and r["eval_rejected"] == 3
+        assert r["eval_missing"] == [1, 2, 4, 5] and r["eval_complete"] is False
+        assert r["eval_samples"] == sum(test_sizes[p] for p in (0, 3, 6, 7))
+        assert 0.1 < r["global_accuracy"] <= 1
+    summary = doc["summary"]  # no round evaluated its whole population
+    assert summary["best_global_accuracy"] is None and summary["partial_rounds"] == [1, 2]
 
 
 def test_too_few_clients_stop_the_run_with_a_checkpoint(tmp_path):

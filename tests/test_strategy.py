@@ -32,12 +32,18 @@ def client_arrays(value):
 
 
 class FakeProxy:
-    def __init__(self, cid, pid):
+    """A node answering the handshake with `pid` (or raising `error`)."""
+
+    def __init__(self, cid, pid, num_train=100, num_test=20, error=None):
         self.cid, self.pid, self.asked = cid, pid, 0
+        self.num_train, self.num_test, self.error = num_train, num_test, error
 
     def get_properties(self, ins, timeout, group_id):
         self.asked += 1
-        return GetPropertiesRes(OK, {"partition-id": self.pid})
+        if self.error:
+            raise self.error
+        return GetPropertiesRes(OK, {"partition-id": self.pid, "num-train": self.num_train,
+                                     "num-test": self.num_test})
 
 
 class FakeManager:
@@ -217,3 +223,142 @@ def test_round_time_is_split_into_fit_and_eval():
     r = records[0]
     assert r["fit_seconds"] >= 0 and r["eval_seconds"] >= 0
     assert r["fit_seconds"] + r["eval_seconds"] == pytest.approx(r["seconds"])
+
+
+# ---- what clients claim (issue 19): handshakes, updates, evaluations, population ----------
+def test_bad_handshakes_are_ignored_and_a_duplicate_is_not_counted_twice():
+    good = [FakeProxy(f"n{i}", i, num_train=50 + i, num_test=10 + i) for i in range(4)]
+    bad = [FakeProxy("crash", 1, error=ValueError("Message contains an Error")),
+           FakeProxy("outside", 9), FakeProxy("bool", True), FakeProxy("minus", -1),
+           FakeProxy("no-sizes", 3, num_train="many"),
+           FakeProxy("wrong-test", 3, num_train=53, num_test=99),  # partition 3 has 13
+           FakeProxy("small-train", 0, num_train=10, num_test=10)]  # partition 0 has 50
+    duplicate = FakeProxy("dup", 2, num_train=52, num_test=12)
+    s = make_strategy(num_clients=4, partition_sizes=[(50 + i, 10 + i) for i in range(4)])
+    manager = FakeManager([*good, *bad, duplicate])
+    clients = s.nodes.clients_by_partition(manager)  # old code: the ValueError stopped the run
+    assert {pid: p.cid for pid, p in clients.items()} == {0: "n0", 1: "n1", 2: "n2", 3: "n3"}
+    assert sorted(s.nodes.ignored) == sorted(p.cid for p in bad[1:])
+    assert s.nodes.standby == {"dup": 2}
+    for _ in range(3):
+        s.nodes.clients_by_partition(manager)
+    assert sorted(s.nodes.ignored) == sorted(p.cid for p in bad)
+    assert bad[0].asked == 3  # a failed handshake is tried 3 times (it may be transient)
+    assert all(p.asked == 1 for p in bad[1:]) and duplicate.asked == 1  # never asked again
+    assert good[2].asked == 2  # asked once more when the duplicate claimed its partition
+    del manager.proxies["n2"]  # the holder leaves: the duplicate takes over
+    assert s.nodes.clients_by_partition(manager)[2].cid == "dup"
+    good[3].error = TimeoutError("no reply")  # killed; its restart comes back with a new id
+    manager.proxies["n3-restarted"] = FakeProxy("n3-restarted", 3, num_train=53, num_test=13)
+    assert s.nodes.clients_by_partition(manager)[3].cid == "n3-restarted"
+
+
+def sampled_step(s, proxies):
+    """configure_fit on these nodes: the plan's partition ids and each one's proxy."""
+    s.configure_fit(1, None, FakeManager(proxies))
+    by_pid = {p.pid: p for p in proxies}
+    return [(pid, by_pid[pid]) for pid in s.current_plan.partition_ids]
+
+
+def test_an_update_is_bound_to_the_node_the_server_sampled():
+    s = make_strategy(min_fit_fraction=0.3)
+    (a, pa), (b, pb), _ = sampled_step(s, [FakeProxy(f"n{i}", i) for i in range(6)])
+    forged = fit_res(b, client_arrays(1e6), n=10)  # node a claims b's partition
+    as_bool = FitRes(OK, ndarrays_to_parameters(client_arrays(1e6)), 10,
+                     {"partition-id": True})
+    assert "claims partition-id" in s.check_upload(forged, pa)
+    assert "partition-id=True" in s.check_upload(as_bool, pa)
+    assert "holds no partition" in s.check_upload(fit_res(a, client_arrays(1.0)),
+                                                  FakeProxy("stranger", a))
+    params, _ = s.aggregate_fit(1, [(pa, forged), (pa, as_bool),
+                                    (pb, fit_res(b, client_arrays(2.0)))], [])
+    np.testing.assert_array_equal(parameters_to_ndarrays(params)[0], 2.0)
+    assert s.current.rejected == 2
+
+
+def test_declared_counts_are_bounded_by_the_handshake():
+    s = make_strategy(min_fit_fraction=0.3)
+    (a, pa), (b, pb), _ = sampled_step(s, [FakeProxy(f"n{i}", i, num_train=100)
+                                           for i in range(6)])
+    huge = fit_res(b, client_arrays(1e6), n=10**12)
+    assert s.check_upload(huge, pb) == \
+        f"client {b}: num_examples=1000000000000 exceeds its 100 samples (handshake)"
+    assert not isinstance(s.check_upload(fit_res(b, client_arrays(3.0), n=100), pb), str)
+    params, _ = s.aggregate_fit(1, [(pa, fit_res(a, client_arrays(1.0), n=10)), (pb, huge)],
+                                [])
+    # without the bound: (10 * 1 + 1e12 * 1e6) / (10 + 1e12) ~ 1e6
+    np.testing.assert_array_equal(parameters_to_ndarrays(params)[0], 1.0)
+
+
+def test_max_update_norm_rejects_a_large_change():
+    s = make_strategy(max_update_norm=5.0)
+    (a, pa), _, _ = sampled_step(s, [FakeProxy(f"n{i}", i) for i in range(6)])
+    # INIT is zeros over 4 + 3 = 7 entries: the change norm of value v is sqrt(7) v
+    assert not isinstance(s.check_upload(fit_res(a, client_arrays(1.8)), pa), str)  # 4.76
+    reason = s.check_upload(fit_res(a, client_arrays(2.0)), pa)  # 5.29
+    assert reason == f"client {a}: update norm 5.292 exceeds federation.max-update-norm=5"
+    unbounded = make_strategy()
+    (a, pa), _, _ = sampled_step(unbounded, [FakeProxy(f"n{i}", i) for i in range(6)])
+    assert not isinstance(unbounded.check_upload(fit_res(a, client_arrays(1e6)), pa), str)
+
+
+@pytest.mark.parametrize("n, correct_g, reason", [
+    (10, 1000, "correct-global=1000 must be an integer in 0..10"),
+    (10, -3, "correct-global=-3 must be an integer in 0..10"),
+    (10, 5.0, "correct-global=5.0 must be an integer in 0..10"),
+    (10, True, "correct-global=True must be an integer in 0..10"),
+    (11, 5, "evaluated 11 samples, its test split has 10"),
+])
+def test_impossible_evaluations_are_rejected(n, correct_g, reason):
+    s = make_strategy(num_clients=2)
+    proxies = [FakeProxy("n0", 0, num_test=10), FakeProxy("n1", 1, num_test=30)]
+    s.nodes.clients_by_partition(FakeManager(proxies))
+    bad = EvaluateRes(OK, 1.0, n, {"correct-global": correct_g, "correct-personal": 5,
+                                   "partition-id": 0})
+    m = s.evaluation_metrics([bad, eval_res(30, 27, 30, pid=1)],
+                             [s.nodes.facts_of(p) for p in proxies])
+    assert m["eval_failure_reasons"] == [f"client 0: {reason}"]
+    assert m["global_accuracy"] == 27 / 30  # old code: (1000 + 27) / 40 = 2567.5%
+    assert m["eval_population"] == [1]
+
+
+def test_impossible_regression_sums_are_rejected():
+    from fedapps.tasks import TASKS
+
+    reg = TASKS["regression"]
+    ok = {"sum-y": 3.0, "sum-y2": 5.0, "sse-global": 1.0, "sse-personal": 0.5}
+    assert reg.check_sums(2, ok) is None
+    assert reg.check_sums(2, {**ok, "sse-global": -1.0}) == "sse-global=-1.0 must be >= 0"
+    assert "impossible" in reg.check_sums(2, {**ok, "sum-y": 4.0})  # 16 > 2 * 5
+    assert "finite" in reg.check_sums(2, {**ok, "sum-y2": float("nan")})
+
+
+def test_each_round_records_its_evaluated_population():
+    s = make_strategy(num_clients=3)
+    records = []
+    s.on_round = records.append
+    proxies = [FakeProxy("n0", 0, num_test=10), FakeProxy("n2", 2, num_test=30)]  # 1 is down
+    s.nodes.clients_by_partition(FakeManager(proxies))
+    s.open_step(1, 0, [0, 2])
+    s.aggregate_fit(1, [(proxies[0], fit_res(0, client_arrays(1.0)))], [])
+    ins = s.configure_evaluate(1, None, FakeManager(proxies))
+    assert [p.cid for p, _ in ins] == ["n0", "n2"]
+    s.aggregate_evaluate(1, [(proxies[0], eval_res(10, 4, 5, pid=0)),
+                             (proxies[1], eval_res(30, 30, 30, pid=2))], [])
+    r = records[0]
+    assert (r["eval_population"], r["eval_expected"], r["eval_missing"]) == ([0, 2], 3, [1])
+    assert r["eval_complete"] is False and r["global_accuracy"] == 34 / 40
+
+
+def test_best_and_final_g_come_from_complete_rounds():
+    from fedapps.results import summarize
+
+    rounds = [{"round": i + 1, "global_accuracy": g, "personal_accuracy": g, "bytes_down": 0,
+               "bytes_up": 0, "failures": 0, "fit_clients": [0], "eval_complete": c}
+              for i, (g, c) in enumerate([(0.40, True), (0.60, False), (0.50, True),
+                                          (0.55, False)])]
+    s = summarize(rounds)
+    assert (s["best_global_accuracy"], s["final_global_accuracy"]) == (0.50, 0.50)
+    assert s["final_round"] == 3 and s["partial_rounds"] == [2, 4]
+    s = summarize(rounds, allow_partial=True)
+    assert (s["best_global_accuracy"], s["final_global_accuracy"]) == (0.60, 0.55)

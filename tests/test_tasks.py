@@ -72,10 +72,16 @@ def test_reduction_is_the_micro_average_and_todays_dict():
     assert m["personal_accuracy"] == 64 / 71
     assert m["loss"] == pytest.approx((10 + 60 + 0 + 4.9 + 3.9 + 20 + 0.6) / 71)
     assert m["client_global_accuracy"] == [0.9, None, 0.5, 12 / 13, 3 / 7, None]
-    expected = FedAvg(initial_arrays=[np.zeros(2, dtype=np.float32)], num_rounds=1,
+    # the strategy pools only answers it can place (ids 0..5), in partition order, and says
+    # which it left out
+    strategy = FedAvg(initial_arrays=[np.zeros(2, dtype=np.float32)], num_rounds=1,
                       num_clients=6, clients_per_round=2, seed=0).evaluation_metrics(res)
-    assert m == expected
-    assert list(m) == list(expected)  # same key order in results files
+    placed = sorted((r for r in as_tuples(res) if r[0] in range(6)), key=lambda r: r[0])
+    expected = reduce_evaluations(CLS, placed, num_clients=6)
+    assert {k: v for k, v in strategy.items() if k in expected} == expected
+    assert list(strategy)[:len(expected)] == list(expected)  # same key order in results files
+    assert strategy["eval_population"] == [0, 1, 2, 3, 4]
+    assert strategy["eval_rejected"] == 2
 
 
 def test_task_reduce_pools_all_clients():

@@ -25,7 +25,7 @@ class Proxy:
         self.cid, self.pid, self.hung = f"node{pid}", pid, hung
 
     def get_properties(self, ins, timeout, group_id):
-        return GetPropertiesRes(OK, {"partition-id": self.pid})
+        return GetPropertiesRes(OK, {"partition-id": self.pid, "num-train": 10, "num-test": 5})
 
     def fit(self, ins, timeout, group_id):
         if self.hung:
