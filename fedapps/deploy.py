@@ -12,6 +12,7 @@ import os
 import shlex
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -37,41 +38,61 @@ def node_config(partition_id: int, num_partitions: int, data_root: Path | None,
     return " ".join(f"{k}={v}" for k, v in items.items())
 
 
+def warm_clientapp_command(runtime_port: int, supernode_pid: int) -> list[str]:
+    """The long-running ClientApp process beside a `--isolation process` SuperNode."""
+    return [sys.executable, "-m", "fedapps.warm_clientapp", "--runtime-api-address",
+            f"127.0.0.1:{runtime_port}", "--parent-pid", str(supernode_pid)]
+
+
 class SuperNode:
-    """One `flower-supernode` process in its own process group."""
+    """One `flower-supernode` process in its own process group; with `warm` (the default) it
+    runs with `--isolation process` beside one long-running ClientApp process (stopped with
+    it, and exiting by itself when the SuperNode is gone), otherwise Flower starts a ClientApp
+    process per message."""
 
     def __init__(self, link: LocalSuperLink, index: int, config: str,
-                 extra_args: Sequence[str] = ()) -> None:
-        self.link, self.index, self.config = link, index, config
+                 extra_args: Sequence[str] = (), warm: bool = True) -> None:
+        self.link, self.index, self.config, self.warm = link, index, config, warm
         self.extra_args = list(extra_args) or ["--insecure"]
         self.log_path = link.workdir / f"supernode-{index}.log"
         self.process: subprocess.Popen | None = None
+        self.worker: subprocess.Popen | None = None
 
     def start(self) -> SuperNode:
+        port = free_port()
         cmd = ["flower-supernode", *self.extra_args, "--superlink", self.link.address,
-               "--port", str(free_port()), "--node-config", self.config]
+               "--port", str(port), "--node-config", self.config,
+               "--isolation", "process" if self.warm else "subprocess"]
         env = self.link.env()
         env["FLWR_HOME"] = str(self.link.workdir / f"node-home-{self.index}")
         with open(self.log_path, "ab") as log_file:
             self.process = subprocess.Popen(cmd, env=env, stdout=log_file,
                                             stderr=subprocess.STDOUT, start_new_session=True)
+            if self.warm:
+                self.worker = subprocess.Popen(
+                    warm_clientapp_command(port, self.process.pid), env=env, stdout=log_file,
+                    stderr=subprocess.STDOUT, start_new_session=True)
         return self
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> None:
-        if not self.alive():
-            return
-        assert self.process is not None
-        try:
-            os.killpg(self.process.pid, sig)
-            self.process.wait(timeout=timeout)
-        except ProcessLookupError:
-            return
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(timeout=5)
+        for process in (self.process, self.worker):
+            if process is not None and process.poll() is None:
+                stop_group(process, sig, timeout)
+
+
+def stop_group(process: subprocess.Popen, sig: int, timeout: float) -> None:
+    """Signal a process's group (it leads one), SIGKILL it after `timeout` seconds."""
+    try:
+        os.killpg(process.pid, sig)
+        process.wait(timeout=timeout)
+    except ProcessLookupError:
+        return
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=5)
 
 
 def run_federation(
@@ -88,13 +109,16 @@ def run_federation(
     show: Callable[[str], bool] = default_filter,
     during: Callable[[list[SuperNode]], None] | None = None,
     secure: Path | None = None,
+    warm: bool = True,
 ) -> str:
     """Start a SuperLink and `num_nodes` SuperNodes, run the app, stop everything.
 
     `secure`: a folder of deploy/make_certs.py output (made there if empty): TLS on every
     connection and SuperNode authentication, each node registered with its public key.
     `during`, if given, runs in a thread while the run is in flight (fault-injection tests use
-    it to kill and restart nodes). Returns the SuperLink's final run status."""
+    it to kill and restart nodes). `warm`: one long-running ClientApp process per node
+    (fedapps/warm_clientapp.py) instead of Flower's process per message. Returns the
+    SuperLink's final run status."""
     import threading
 
     workdir = Path(tempfile.mkdtemp(prefix="fedapps-deploy-"))
@@ -112,7 +136,7 @@ def run_federation(
                     supernode_args = tls_supernode(secure, i)
                 state_dir = state_root / f"node-{i}" if state_root else None
                 cfg = node_config(i, num_nodes, data_root, state_dir, (node_extra or {}).get(i))
-                nodes.append(SuperNode(link, i, cfg, supernode_args).start())
+                nodes.append(SuperNode(link, i, cfg, supernode_args, warm).start())
             worker = threading.Thread(target=during, args=(nodes,), daemon=True) if during \
                 else None
             if worker:

@@ -268,7 +268,7 @@ def _partition(pool: Pool, key: dict, cache: bool = True
 def make_federated(pool: Pool, key: dict, cache: bool = True) -> FederatedData:
     """Partition an in-memory pool by a `partition_key` (index files cached on disk)."""
     train, test = _partition(pool, key, cache)
-    return FederatedData(pool, Normalizer.fit(pool), train, test, key)
+    return FederatedData(pool, Normalizer.for_pool(pool), train, test, key)
 
 
 @lru_cache(maxsize=4)
