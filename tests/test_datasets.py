@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -51,3 +53,23 @@ def test_mnist_train_class_counts_match_the_release():
     pool = load_pool("mnist", __import__("conftest").SHARED_DATA)
     counts = np.bincount(pool.y[: pool.num_train].numpy()).tolist()
     assert counts == [5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949]
+
+
+@needs_fmnist
+def test_fmnist_pool_is_mapped_from_the_cache_and_normalizes_as_fitted():
+    """A process maps the pool from a .npy cache (it reads only the samples it indexes) and
+    reads the normalization statistics from the cache, bit for bit the fitted ones."""
+    from fedapps.data.datasets import Normalizer, _torchvision, resolve_root
+
+    root = __import__("conftest").SHARED_DATA
+    load_pool("fmnist", root)  # makes the cache files if this is the first time
+    pool = load_pool("fmnist", root)
+    start = pool.x.untyped_storage().data_ptr()
+    lines = Path("/proc/self/maps").read_text().splitlines()
+    maps = [line.split() for line in lines if f"{pool.cache_id}-x.npy" in line]
+    assert any(int(m[0].split("-")[0], 16) <= start < int(m[0].split("-")[1], 16) for m in maps)
+    x, y = _torchvision("fmnist", resolve_root("fmnist", root), False)
+    assert np.array_equal(pool.x.numpy(), x) and np.array_equal(pool.y.numpy(), y)
+    Normalizer.for_pool(pool)  # fitted and cached if it was not yet
+    cached, fitted = Normalizer.for_pool(pool), Normalizer.fit(pool)
+    assert torch.equal(cached.mean, fitted.mean) and torch.equal(cached.std, fitted.std)
