@@ -3,6 +3,7 @@
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -76,3 +77,4 @@ def test_simulation_on_a_two_node_ray_cluster_gives_the_single_machine_numbers(t
         for pid in mine:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(temp, ignore_errors=True)
