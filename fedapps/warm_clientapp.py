@@ -152,11 +152,15 @@ def serve(address: str, insecure: bool = True, root_certificates: str | None = N
     log(INFO, "[warm-clientapp] serving ClientApp tasks of %s", address)
     try:
         while True:
-            res = control.AcquireTask(
-                AcquireTaskRequest(supported_task_types=[TaskType.CLIENT_APP.value]))
-            if res.HasField("task") and res.token:
-                run_task(address, res.token, insecure, certificates, apps)
-                continue
+            try:
+                res = control.AcquireTask(
+                    AcquireTaskRequest(supported_task_types=[TaskType.CLIENT_APP.value]))
+                if res.HasField("task") and res.token:
+                    run_task(address, res.token, insecure, certificates, apps)
+                    continue
+            except Exception as ex:  # noqa: BLE001 - one failed task must not end the node
+                log(ERROR, "[warm-clientapp] %s: %s", type(ex).__name__, ex)
+                time.sleep(1.0)
             time.sleep(POLL_SECONDS)
     except KeyboardInterrupt:
         pass
