@@ -28,16 +28,21 @@ from fedapps.launcher import run_experiment
 
 CLIENTAPP_MARKERS = ("flwr-clientapp", "fedapps.warm_clientapp")
 STARTUP_PROBE = """
-import time, sys
+import json, sys, time
 t0 = time.perf_counter()
 import fedapps.client_app
+t1 = time.perf_counter()
 from fedapps.validation import resolve_config
 from fedapps.data import federated_data
 cfg = resolve_config(sys.argv[1], sys.argv[2:])
 federated_data(cfg).client(0)
-t1 = time.perf_counter()
+t2 = time.perf_counter()
 federated_data(cfg).client(0)
-print(t1 - t0, time.perf_counter() - t1)
+t3 = time.perf_counter()
+mem = {l.split(":")[0]: int(l.split()[1]) // 1024 for l in open("/proc/self/status")
+       if l.startswith(("VmRSS", "VmHWM"))}
+print(json.dumps({"imports_s": round(t1 - t0, 2), "data_s": round(t2 - t1, 2),
+                  "again_s": round(t3 - t2, 4), "peak_rss_mb": mem["VmHWM"]}))
 """
 
 
@@ -116,13 +121,12 @@ def round_stats(run_dir: Path) -> dict:
     }
 
 
-def startup_probe(experiment: str, sets: list[str]) -> tuple[float, float]:
-    """(seconds a fresh interpreter needs to import the ClientApp and build a client's data,
-    the same again in that warm process)."""
+def startup_probe(experiment: str, sets: list[str]) -> dict:
+    """What a fresh interpreter pays before a message's training (imports, then partition 0's
+    data), the same data again in that process, and its peak RSS."""
     out = subprocess.run([sys.executable, "-c", STARTUP_PROBE, experiment, *sets],
                          capture_output=True, text=True, check=True)
-    cold, warm = out.stdout.split()[-2:]
-    return float(cold), float(warm)
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -130,9 +134,11 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--experiment", default="fedavg-fmnist")
     p.add_argument("--set", dest="overrides", action="append", default=None)
-    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--out", type=Path, default=Path("outputs/deploy-benchmark"))
     p.add_argument("--modes", default="simulation,deploy_warm,deploy_cold",
                    help="which runs (the code before the warm ClientApp has only the first two)")
+    p.add_argument("--probe-only", action="store_true",
+                   help="only the fresh-interpreter probe (runs with the fedapps on PYTHONPATH)")
     args = p.parse_args(argv)
     modes = args.modes.split(",")
     sets = args.overrides or ["rounds=3", "eval.fraction=0.25"]  # 5 of 20 clients evaluate
@@ -141,8 +147,10 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     quiet = lambda line: False  # noqa: E731
     report: dict = {"experiment": args.experiment, "overrides": sets, "clients": n}
-    cold, warm = startup_probe(args.experiment, sets)
-    report["startup_cold_s"], report["startup_warm_s"] = round(cold, 3), round(warm, 4)
+    report["startup_probe"] = startup_probe(args.experiment, sets)
+    if args.probe_only:
+        print(json.dumps(report["startup_probe"]))
+        return 0
     if "simulation" in modes:
         t = time.perf_counter()
         status = run_experiment(args.experiment, sets, n, args.out / "simulation", show=quiet)
