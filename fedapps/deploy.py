@@ -69,9 +69,13 @@ class SuperNode:
             self.process = subprocess.Popen(cmd, env=env, stdout=log_file,
                                             stderr=subprocess.STDOUT, start_new_session=True)
             if self.warm:
-                self.worker = subprocess.Popen(
-                    warm_clientapp_command(port, self.process.pid), env=env, stdout=log_file,
-                    stderr=subprocess.STDOUT, start_new_session=True)
+                try:
+                    self.worker = subprocess.Popen(
+                        warm_clientapp_command(port, self.process.pid), env=env,
+                        stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
+                except OSError:
+                    stop_group(self.process, signal.SIGTERM, 10.0)  # never leave it behind
+                    raise
         return self
 
     def alive(self) -> bool:
