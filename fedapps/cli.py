@@ -23,6 +23,14 @@ OVERWRITE_HELP = ("replace a run already in the run directory (without it, a com
                   "resumable run there is an error)")
 
 
+COLD_HELP = ("Flower's default isolation: a fresh ClientApp process per message (about 3 s of "
+             "start-up each) instead of one long-running ClientApp process per node")
+
+
+RAY_HELP = ("run the simulated clients on an existing Ray cluster (the head's address, as "
+            "`ray start --head` prints it) instead of a Ray started on this machine")
+
+
 def build_parser() -> tuple[argparse.ArgumentParser, Any]:
     """The parser and its subparsers (simulations/cli.py adds `reproduce` to them)."""
     p = argparse.ArgumentParser(
@@ -40,6 +48,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, Any]:
         if name == "run":
             s.add_argument("--verbose", action="store_true", help="show Flower's whole log")
             s.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
+            s.add_argument("--ray-address", default=None, metavar="HOST:PORT", help=RAY_HELP)
     d = sub.add_parser("deploy-local", help="run an experiment on a real SuperLink + SuperNodes "
                        "(separate processes, loopback gRPC/HTTP)")
     d.add_argument("experiment", help="preset in conf/experiment (see `fedapps list`)")
@@ -52,6 +61,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, Any]:
                         "deploy/make_certs.py in DIR (made there if DIR is empty)")
     d.add_argument("--verbose", action="store_true", help="show Flower's whole log")
     d.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
+    d.add_argument("--cold", action="store_true", help=COLD_HELP)
     n = sub.add_parser("node", help="start one SuperNode for this app (e.g. on a Jetson)")
     n.add_argument("--superlink", required=True, help="SuperLink Fleet address host:port")
     n.add_argument("--partition-id", type=int, required=True,
@@ -69,12 +79,16 @@ def build_parser() -> tuple[argparse.ArgumentParser, Any]:
     n.add_argument("--root-certificates", default=None, help="CA certificate (TLS)")
     n.add_argument("--auth-key", default=None, help="this node's private key (node auth)")
     n.add_argument("--check-only", action="store_true", help="validate and exit")
+    n.add_argument("--cold", action="store_true", help=COLD_HELP)
+    n.add_argument("--runtime-port", type=int, default=9094,
+                   help="local port of the SuperNode's Runtime API (default 9094)")
     r = sub.add_parser("resume", help="continue a stopped run from its checkpoint")
     r.add_argument("run_dir", help="outputs/<run-name> of the run to continue")
     r.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="only rounds (e.g. --set rounds=50 to run further than first planned), "
                         "output.plots, federation.round-timeout and wandb.* may change")
     r.add_argument("--verbose", action="store_true", help="show Flower's whole log")
+    r.add_argument("--ray-address", default=None, metavar="HOST:PORT", help=RAY_HELP)
     sub.add_parser("list", help="list experiments, datasets, algorithms and grids")
     return p, sub
 
@@ -144,7 +158,8 @@ def _run(args: argparse.Namespace, mode: str | None = None) -> int:
                                                                f"output.output-dir={out.parent}"],
                             n, out, gpus_per_client=gpus_per_client(str(cfg.device)),
                             show=(lambda line: True) if args.verbose else _show,
-                            mode=mode or _mode(args))
+                            mode=mode or _mode(args),
+                            ray_address=args.ray_address)
     return _report(status, out)
 
 
@@ -188,17 +203,20 @@ def _deploy_local(args: argparse.Namespace) -> int:
     status = run_federation(cfg.experiment, args.overrides, n, out, data_root=data_root(cfg),
                             state_root=state,
                             secure=Path(args.tls).resolve() if args.tls else None,
+                            warm=not args.cold,
                             show=(lambda line: True) if args.verbose else _show,
                             mode=_mode(args))
     return _report(status, out)
 
 
 def _node(args: argparse.Namespace) -> int:
-    """Validate a SuperNode's settings, then become `flower-supernode`."""
+    """Validate a SuperNode's settings, start the long-running ClientApp process (unless
+    --cold), then become `flower-supernode` (same PID, which the ClientApp process watches)."""
     import os
     import shutil
+    import subprocess
 
-    from fedapps.deploy import check_node_settings, node_config
+    from fedapps.deploy import check_node_settings, node_config, warm_clientapp_command
 
     check_node_settings(args.superlink, args.partition_id, args.num_partitions,
                         args.data_root, args.dataset, tls=args.root_certificates is not None)
@@ -214,9 +232,13 @@ def _node(args: argparse.Namespace) -> int:
             else ["--insecure"])
     if args.auth_key:
         cmd += ["--auth-supernode-private-key", args.auth_key]
+    cmd += ["--port", str(args.runtime_port),
+            "--isolation", "subprocess" if args.cold else "process"]
     exe = shutil.which("flower-supernode")
     if exe is None:
         raise ConfigError("flower-supernode not found: install this project (pip install -e .)")
+    if not args.cold:
+        subprocess.Popen(warm_clientapp_command(args.runtime_port, os.getpid()))
     os.execv(exe, cmd)
     return 0  # not reached
 

@@ -12,6 +12,7 @@ import os
 import shlex
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -39,43 +40,70 @@ def node_config(partition_id: int, num_partitions: int, data_root: Path | None,
     return " ".join(f"{k}={v}" for k, v in items.items())
 
 
+def warm_clientapp_command(runtime_port: int, supernode_pid: int) -> list[str]:
+    """The long-running ClientApp process beside a `--isolation process` SuperNode."""
+    return [sys.executable, "-m", "fedapps.warm_clientapp", "--runtime-api-address",
+            f"127.0.0.1:{runtime_port}", "--parent-pid", str(supernode_pid)]
+
+
 class SuperNode:
-    """One `flower-supernode` process in its own process group."""
+    """One `flower-supernode` process in its own process group; with `warm` (the default) it
+    runs with `--isolation process` beside one long-running ClientApp process (stopped with
+    it, and exiting by itself when the SuperNode is gone), otherwise Flower starts a ClientApp
+    process per message."""
 
     def __init__(self, link: LocalSuperLink, index: int, config: str,
-                 extra_args: Sequence[str] = ()) -> None:
-        self.link, self.index, self.config = link, index, config
+                 extra_args: Sequence[str] = (), warm: bool = True) -> None:
+        self.link, self.index, self.config, self.warm = link, index, config, warm
         self.extra_args = list(extra_args) or ["--insecure"]
         self.log_path = link.workdir / f"supernode-{index}.log"
         self.process: subprocess.Popen | None = None
+        self.worker: subprocess.Popen | None = None
 
     def start(self) -> SuperNode:
+        port = free_port()
         cmd = ["flower-supernode", *self.extra_args, "--superlink", self.link.address,
-               "--port", str(free_port()), "--node-config", self.config]
+               "--port", str(port), "--node-config", self.config,
+               "--isolation", "process" if self.warm else "subprocess"]
         env = self.link.env()
         env["FLWR_HOME"] = str(self.link.workdir / f"node-home-{self.index}")
         with open(self.log_path, "ab") as log_file:
             self.process = subprocess.Popen(cmd, env=env, stdout=log_file,
                                             stderr=subprocess.STDOUT, start_new_session=True)
+            if self.warm:
+                try:
+                    self.worker = subprocess.Popen(
+                        warm_clientapp_command(port, self.process.pid), env=env,
+                        stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
+                except OSError:
+                    stop_group(self.process, signal.SIGTERM, 10.0)  # never leave it behind
+                    raise
         watch(self.process.pid)  # dies with the launcher, even on SIGKILL
+        if self.worker is not None:
+            watch(self.worker.pid)
         return self
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> None:
-        if not self.alive():
-            return
-        assert self.process is not None
-        try:
-            os.killpg(self.process.pid, sig)
-            self.process.wait(timeout=timeout)
-        except ProcessLookupError:
-            pass
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(timeout=5)
-        unwatch(self.process.pid)
+        for process in (self.process, self.worker):
+            if process is not None and process.poll() is None:
+                stop_group(process, sig, timeout)
+            if process is not None:
+                unwatch(process.pid)
+
+
+def stop_group(process: subprocess.Popen, sig: int, timeout: float) -> None:
+    """Signal a process's group (it leads one), SIGKILL it after `timeout` seconds."""
+    try:
+        os.killpg(process.pid, sig)
+        process.wait(timeout=timeout)
+    except ProcessLookupError:
+        return
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=5)
 
 
 def run_federation(
@@ -93,6 +121,7 @@ def run_federation(
     during: Callable[[list[SuperNode]], None] | None = None,
     secure: Path | None = None,
     mode: str = rundir.NEW,
+    warm: bool = True,
 ) -> str:
     """Start a SuperLink and `num_nodes` SuperNodes, run the app, stop everything.
 
@@ -100,21 +129,23 @@ def run_federation(
     connection and SuperNode authentication, each node registered with its public key.
     `during`, if given, runs in a thread while the run is in flight (fault-injection tests use
     it to kill and restart nodes). The run directory is claimed as in `fedapps run` (`mode`:
-    what to do with a run already there, fedapps/rundir.py). Returns the SuperLink's final run
-    status."""
+    what to do with a run already there, fedapps/rundir.py). `warm`: one long-running ClientApp
+    process per node (fedapps/warm_clientapp.py) instead of Flower's process per message.
+    Returns the SuperLink's final run status."""
     with rundir.claim(run_dir, mode) as run_id:
         run_config = {"experiment": experiment, "overrides": shlex.join(overrides),
                       "output-dir": str(run_dir.parent), "run-name": run_dir.name,
                       "run-id": run_id}
         return _federate(run_config, num_nodes, data_root, state_root, node_extra,
-                         superlink_args, supernode_args, connection, show, during, secure)
+                         superlink_args, supernode_args, connection, show, during, secure, warm)
 
 
 def _federate(run_config: dict[str, str], num_nodes: int, data_root: Path | None,
               state_root: Path | None, node_extra: dict[int, dict[str, str]] | None,
               superlink_args: Sequence[str], supernode_args: Sequence[str],
               connection: dict[str, object] | None, show: Callable[[str], bool],
-              during: Callable[[list[SuperNode]], None] | None, secure: Path | None) -> str:
+              during: Callable[[list[SuperNode]], None] | None, secure: Path | None,
+              warm: bool) -> str:
     """run_federation's work once the run directory is claimed."""
     import threading
 
@@ -131,7 +162,7 @@ def _federate(run_config: dict[str, str], num_nodes: int, data_root: Path | None
                     supernode_args = tls_supernode(secure, i)
                 state_dir = state_root / f"node-{i}" if state_root else None
                 cfg = node_config(i, num_nodes, data_root, state_dir, (node_extra or {}).get(i))
-                nodes.append(SuperNode(link, i, cfg, supernode_args).start())
+                nodes.append(SuperNode(link, i, cfg, supernode_args, warm).start())
             worker = threading.Thread(target=during, args=(nodes,), daemon=True) if during \
                 else None
             if worker:

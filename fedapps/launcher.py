@@ -64,8 +64,10 @@ class LocalSuperLink:
 
     def __init__(self, workdir: Path, startup_timeout: float = 60.0, simulation: bool = True,
                  extra_args: Sequence[str] = (),
-                 connection: dict[str, object] | None = None) -> None:
+                 connection: dict[str, object] | None = None,
+                 extra_env: dict[str, str] | None = None) -> None:
         self.simulation = simulation
+        self.extra_env = extra_env or {}
         # how `flwr` reaches this SuperLink: insecure by default, or root-certificates for TLS
         self.connection = connection or {"insecure": True}
         self.extra_args = list(extra_args)
@@ -81,7 +83,7 @@ class LocalSuperLink:
         return f"127.0.0.1:{self.port}"
 
     def env(self) -> dict[str, str]:
-        return flower_env(self.home)
+        return {**flower_env(self.home), **self.extra_env}
 
     def __enter__(self) -> LocalSuperLink:
         self.home.mkdir(parents=True, exist_ok=True)
@@ -250,21 +252,27 @@ def run_experiment(
     total_cpus: int | None = None,
     prefix: str = "",
     mode: str = rundir.NEW,
+    ray_address: str | None = None,
 ) -> str:
     """Run one experiment in a fresh SuperLink; returns the SuperLink's final status.
 
     The run directory is claimed for the whole run (`mode`: what to do with a run already
-    there, fedapps/rundir.py); a claim that fails raises before anything starts."""
+    there, fedapps/rundir.py); a claim that fails raises before anything starts.
+    `ray_address`: run the simulation's clients on an existing Ray cluster (its head's
+    host:port) instead of a Ray started for this run. Flower's Ray backend calls `ray.init()`,
+    which connects to RAY_ADDRESS when set; the cluster's own CPUs then bound the clients,
+    so no CPU cap is sent (Ray refuses one when connecting to a cluster)."""
     with rundir.claim(run_dir, mode) as run_id:
         run_config = {"experiment": experiment, "overrides": shlex.join(overrides),
                       "output-dir": str(run_dir.parent), "run-name": run_dir.name,
                       "run-id": run_id,
                       "client-state-dir": str(rundir.client_state_root(run_dir))}
         workdir = Path(tempfile.mkdtemp(prefix="fedapps-"))
-        with LocalSuperLink(workdir) as link:
+        cluster = {"RAY_ADDRESS": ray_address} if ray_address else None
+        with LocalSuperLink(workdir, extra_env=cluster) as link:
             _, status = submit(link, run_config, num_supernodes,
                                gpus_per_client=gpus_per_client, show=show,
-                               total_cpus=total_cpus, prefix=prefix)
+                               total_cpus=None if ray_address else total_cpus, prefix=prefix)
     if status != "finished:completed":
         print(f"fedapps: run status {status}; SuperLink log: {link.log_path}", file=sys.stderr)
     elif not keep_workdir:

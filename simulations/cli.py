@@ -30,7 +30,8 @@ def _reproduce(args: argparse.Namespace) -> int:
         return run_experiment(experiment, sets, n_clients, run_dir,
                               gpus_per_client=gpus_per_client(device), total_cpus=cpus,
                               prefix=f"[{run_dir.name}] " if jobs > 1 else "",
-                              mode=rundir.REDO_UNFINISHED)
+                              mode=rundir.REDO_UNFINISHED,
+                              ray_address=args.ray_address)
 
     out = reproduce(args.grid, args.seeds, args.overrides, Path(args.output_dir).resolve(),
                     runner, table_only=args.table_only,
@@ -126,6 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="runs at a time, each its own SuperLink, sharing the CPUs (and the GPU); "
                         "default 1")
     r.add_argument("--output-dir", default="outputs", help="runs go to <output-dir>/<grid>/")
+    r.add_argument("--ray-address", default=None, metavar="HOST:PORT", help=app_cli.RAY_HELP)
     p = sub.add_parser("partition", help="build an experiment's partition without training; "
                        "print sizes, class counts and EMDs")
     p.add_argument("experiment", help="preset in conf/experiment")

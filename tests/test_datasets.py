@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -173,9 +175,32 @@ def test_cache_is_keyed_by_the_source_files(tmp_path, monkeypatch):
     unpacked = second / "EMNIST" / "raw" / DATASETS["emnist"].raw_files[0]
     assert unpacked.read_bytes() == b"another, longer copy"
 
-    # a damaged file in the cache: one line naming the cache folder
+    # a damaged unpacked file in the cache (read again once the mapped pool is gone): one
+    # line naming the cache folder
     victim = cached / "MNIST" / "raw" / "train-labels-idx1-ubyte"
     victim.write_bytes(victim.read_bytes()[:-10])
+    for f in (tmp_path / "cache" / "pools").glob(f"mnist-{a}-*.npy"):
+        f.unlink()
     with pytest.raises(ConfigError) as err:
         load_pool("mnist", gz_root)
     assert str(cached / "MNIST" / "raw") in str(err.value) and "\n" not in str(err.value)
+
+
+@needs_fmnist
+def test_fmnist_pool_is_mapped_from_the_cache_and_normalizes_as_fitted():
+    """A process maps the pool from a .npy cache (it reads only the samples it indexes) and
+    reads the normalization statistics from the cache, bit for bit the fitted ones."""
+    from fedapps.data.datasets import Normalizer, _torchvision, resolve_root
+
+    root = __import__("conftest").SHARED_DATA
+    load_pool("fmnist", root)  # makes the cache files if this is the first time
+    pool = load_pool("fmnist", root)
+    start = pool.x.untyped_storage().data_ptr()
+    lines = Path("/proc/self/maps").read_text().splitlines()
+    maps = [line.split() for line in lines if f"{pool.cache_id}-x.npy" in line]
+    assert any(int(m[0].split("-")[0], 16) <= start < int(m[0].split("-")[1], 16) for m in maps)
+    x, y = _torchvision("fmnist", resolve_root("fmnist", root), False)
+    assert np.array_equal(pool.x.numpy(), x) and np.array_equal(pool.y.numpy(), y)
+    Normalizer.for_pool(pool)  # fitted and cached if it was not yet
+    cached, fitted = Normalizer.for_pool(pool), Normalizer.fit(pool)
+    assert torch.equal(cached.mean, fitted.mean) and torch.equal(cached.std, fitted.std)

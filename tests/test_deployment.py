@@ -3,11 +3,12 @@
 import json
 import signal
 import time
+from pathlib import Path
 
 import pytest
 
 from fedapps.deploy import run_federation
-from fedapps.launcher import run_experiment
+from fedapps.launcher import descendants, run_experiment
 
 pytestmark = pytest.mark.integration
 
@@ -18,13 +19,37 @@ def rounds(run_dir):
     return json.loads((run_dir / "results.json").read_text())["rounds"]
 
 
+def command_line(pid):
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def watch_clientapps(seen):
+    """A `during` hook: collect every process that runs a ClientApp beside the nodes."""
+    def watch(nodes):
+        while any(node.alive() for node in nodes):
+            for node in nodes:
+                for pid in descendants(node.process.pid) + [node.worker.pid]:
+                    cmd = command_line(pid)
+                    if "flwr-clientapp" in cmd or "warm_clientapp" in cmd:
+                        seen[pid] = "warm" if "warm_clientapp" in cmd else "per-message"
+            time.sleep(0.5)
+    return watch
+
+
 @pytest.mark.parametrize("experiment", ["quickstart", "fedreb-quick"])
 def test_deployment_gives_the_simulation_numbers(tmp_path, experiment):
     sets = ["rounds=2", "federation.num-clients=3", "federation.fraction-fit=1.0"]
     sim, dep = tmp_path / "sim", tmp_path / "dep"
+    seen = {}
     assert run_experiment(experiment, sets, 3, sim, show=QUIET) == "finished:completed"
     assert run_federation(experiment, sets, 3, dep, state_root=tmp_path / "state",
-                          show=QUIET) == "finished:completed"
+                          show=QUIET, during=watch_clientapps(seen)) == "finished:completed"
+    # every message of a node ran in its one long-running ClientApp process (3 nodes x 5
+    # messages would be 15 flwr-clientapp processes with Flower's default isolation)
+    assert sorted(seen.values()) == ["warm"] * 3
     for a, b in zip(rounds(sim), rounds(dep), strict=True):
         assert a["global_accuracy"] == pytest.approx(b["global_accuracy"], abs=1e-9)
         assert a["personal_accuracy"] == pytest.approx(b["personal_accuracy"], abs=1e-9)

@@ -272,7 +272,7 @@ def make_federated(pool: Pool, key: dict, cache: bool = True) -> FederatedData:
     if pool.source:
         key = {**key, "source": pool.source}
     train, test = _partition(pool, key, cache)
-    return FederatedData(pool, Normalizer.fit(pool), train, test, key)
+    return FederatedData(pool, Normalizer.for_pool(pool), train, test, key)
 
 
 @lru_cache(maxsize=4)

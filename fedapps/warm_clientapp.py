@@ -1,0 +1,186 @@
+"""One long-running ClientApp process per SuperNode (`flower-supernode --isolation process`).
+
+Flower 1.41's default (`--isolation subprocess`) starts a fresh `flwr-clientapp` process for every
+fit or evaluate message: on a 2-core CPU about 3 s of Python, PyTorch and data start-up each, and
+the whole dataset pool in memory while it runs. With `--isolation process` the SuperNode starts
+nothing and waits for an outside executor to take its tasks from the Runtime API; this module is
+that executor. It does the work of Flower's own `flwr-clientapp` (pull the message, context and
+FAB, call the ClientApp, push the reply and the context back: `flwr.supernode.runtime.
+run_clientapp` is reused for every protocol step), but in one process that stays up, so imports,
+the loaded app and the app's per-process data cache are paid for once per node.
+
+What a message sees is what a simulated client sees in a Ray actor, which also runs many messages
+in one process: state that must survive a message lives in the Context (pushed back after every
+task) or on disk (`state-dir`), never in module globals; the data cache is keyed by the partition
+settings. A run with another FAB (new app code) drops the previous FAB's modules first, so their
+caches cannot leak into it. Messages run one after another: a message that never returns holds the
+node's later ones back until the round times out (as the server then counts them anyway).
+
+    python -m fedapps.warm_clientapp --runtime-api-address 127.0.0.1:9094 --parent-pid PID
+
+`fedapps node` and `fedapps deploy-local` start it beside every SuperNode.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from logging import DEBUG, ERROR, INFO
+from pathlib import Path
+
+POLL_SECONDS = 0.05  # Flower's SuperExec polls once a second; a warm node answers sooner
+
+
+class WarmClientApps:
+    """The ClientApps of the FABs this process has run, one FAB's modules loaded at a time."""
+
+    def __init__(self) -> None:
+        self.fab_hash: str | None = None
+        self.app_dir: Path | None = None
+        self.app = None
+
+    def get(self, run, fab):  # noqa: ANN001, ANN201 - Flower's Run, Fab -> ClientApp
+        from flwr.cli.install import install_from_fab
+        from flwr.clientapp.utils import get_load_client_app_fn
+        from flwr.common.config import get_project_dir
+
+        if fab.hash_str != self.fab_hash:
+            if self.app_dir is not None:
+                forget_modules_under(self.app_dir)
+            install_from_fab(fab.content, skip_prompt=True)
+            load = get_load_client_app_fn(default_app_ref="", app_path=None, multi_app=True)
+            self.app = load(run.fab_id, run.fab_version, fab.hash_str)
+            self.fab_hash = fab.hash_str
+            self.app_dir = Path(get_project_dir(run.fab_id, run.fab_version, fab.hash_str))
+        return self.app
+
+
+def forget_modules_under(folder: Path) -> None:
+    """Drop the modules imported from an app folder, so a new FAB imports its own code."""
+    root = str(folder.resolve())
+    for name, module in list(sys.modules.items()):
+        path = getattr(module, "__file__", None) or ""
+        if path.startswith(root):
+            del sys.modules[name]
+    if root in sys.path:
+        sys.path.remove(root)
+
+
+def run_task(address: str, token: str, insecure: bool, certificates: bytes | None,
+             apps: WarmClientApps) -> bool:
+    """Run one ClientApp task in this process; True if the ClientApp completed it."""
+    from flwr.app import Message
+    from flwr.app.error import Error
+    from flwr.clientapp.client_app import LoadClientAppError
+    from flwr.common.constant import ErrorCode, SubStatus
+    from flwr.supercore import log
+    from flwr.supercore.heartbeat import HeartbeatSender, make_task_heartbeat_fn_http
+    from flwr.supernode.runtime.run_clientapp import (
+        pull_task_input,
+        push_message,
+        push_task_output,
+    )
+
+    client = runtime_client(address, insecure, certificates, token)
+    heartbeat = HeartbeatSender(make_task_heartbeat_fn_http(client))
+    heartbeat.start()
+    message = reply = context = None
+    status, details = SubStatus.FAILED, "ClientApp task failed due to unknown reason"
+    started = time.perf_counter()
+    try:
+        message, context, run, fab = pull_task_input(client)
+        reply = apps.get(run, fab)(message=message, context=context)
+        status, details = SubStatus.COMPLETED, ""
+    except Exception as ex:  # noqa: BLE001 - reported to the server, as flwr-clientapp does
+        code, reason = ErrorCode.CLIENT_APP_RAISED_EXCEPTION, f"{type(ex)}:<'{ex}'>"
+        if isinstance(ex, LoadClientAppError):
+            code = ErrorCode.LOAD_CLIENT_APP_EXCEPTION
+            reason = "An exception was raised when attempting to load `ClientApp`"
+        log(ERROR, "ClientApp raised an exception", exc_info=ex)
+        details = reason
+        if message is not None:
+            reply = Message(Error(code=code, reason=reason), reply_to=message)
+    finally:
+        try:
+            if reply is not None and context is not None:
+                push_message(client, reply, context)
+        except Exception as ex:  # noqa: BLE001
+            log(ERROR, "Failed to push reply message", exc_info=ex)
+            status = SubStatus.FAILED
+        push_task_output(client, context, status, details)
+        heartbeat.stop()
+        client.close()
+    log(DEBUG, "[warm-clientapp] task done in %.3fs (%s)", time.perf_counter() - started, status)
+    return status == SubStatus.COMPLETED
+
+
+def runtime_client(address: str, insecure: bool, certificates: bytes | None,
+                   token: str | None = None):  # noqa: ANN201 - flwr's RuntimeHttpClient
+    """A client of the SuperNode's Runtime API (with the task's token once it has one)."""
+    from flwr.supercore.interceptors import (
+        RuntimeTokenHttpInterceptor,
+        RuntimeVersionHttpInterceptor,
+    )
+    from flwr.supercore.retry import make_simple_http_retry_invoker
+    from flwr.supercore.runtime import RuntimeHttpClient
+
+    interceptors = [RuntimeVersionHttpInterceptor(
+        component_name="flwr-clientapp" if token else "SuperExec")]
+    if token:
+        interceptors.append(RuntimeTokenHttpInterceptor(token))
+    return RuntimeHttpClient.from_server_address(
+        server_address=address, insecure=insecure, root_certificates=certificates,
+        interceptors=interceptors, retry_invoker=make_simple_http_retry_invoker())
+
+
+def serve(address: str, insecure: bool = True, root_certificates: str | None = None,
+          parent_pid: int | None = None) -> None:
+    """Take this SuperNode's ClientApp tasks and run them here, until the SuperNode exits."""
+    import torch  # noqa: F401 - the expensive imports, once and before the first message
+    from flwr.proto.runtime_pb2 import AcquireTaskRequest
+    from flwr.supercore import log
+    from flwr.supercore.app_utils import start_parent_process_monitor
+    from flwr.supercore.constant import TaskType
+    from flwr.supercore.tls import validate_and_resolve_root_certificates
+
+    if parent_pid is not None:
+        start_parent_process_monitor(parent_pid)  # SIGINT here when the SuperNode is gone
+    certificates = validate_and_resolve_root_certificates(root_certificates, insecure)
+    control = runtime_client(address, insecure, certificates)
+    apps = WarmClientApps()
+    log(INFO, "[warm-clientapp] serving ClientApp tasks of %s", address)
+    try:
+        while True:
+            try:
+                res = control.AcquireTask(
+                    AcquireTaskRequest(supported_task_types=[TaskType.CLIENT_APP.value]))
+                if res.HasField("task") and res.token:
+                    run_task(address, res.token, insecure, certificates, apps)
+                    continue
+            except Exception as ex:  # noqa: BLE001 - one failed task must not end the node
+                log(ERROR, "[warm-clientapp] %s: %s", type(ex).__name__, ex)
+                time.sleep(1.0)
+            time.sleep(POLL_SECONDS)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        control.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m fedapps.warm_clientapp", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--runtime-api-address", required=True,
+                   help="the SuperNode's Runtime API (flower-supernode --port)")
+    p.add_argument("--root-certificates", default=None,
+                   help="CA of a TLS Runtime API (default: plain HTTP on loopback)")
+    p.add_argument("--parent-pid", type=int, default=None,
+                   help="exit when this process (the SuperNode) is gone")
+    args = p.parse_args(argv)
+    serve(args.runtime_api_address, insecure=args.root_certificates is None,
+          root_certificates=args.root_certificates, parent_pid=args.parent_pid)
+
+
+if __name__ == "__main__":
+    main()

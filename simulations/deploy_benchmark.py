@@ -1,0 +1,184 @@
+"""Deployment against simulation, side by side in one invocation (docs/PERFORMANCE.md).
+
+Runs the same experiment three times: as a Flower simulation (`fedapps run`), as a real
+deployment with Flower's default ClientApp process per message (`deploy-local --cold`) and
+with one long-running ClientApp process per SuperNode (`deploy-local`). While a deployment
+runs, every SuperNode's process tree (SuperNode, Flower's SuperExec and ClientApp processes, or
+the warm ClientApp process) is sampled from /proc: peak resident memory (RSS, and PSS, which
+splits pages shared between processes) of the tree and of its largest ClientApp process. A
+fresh interpreter also times what each cold message pays before training (imports + data).
+
+    FEDAPPS_DATA_ROOT=../shared/data python -m simulations.deploy_benchmark --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from fedapps.deploy import SuperNode, run_federation
+from fedapps.launcher import run_experiment
+
+CLIENTAPP_MARKERS = ("flwr-clientapp", "fedapps.warm_clientapp")
+STARTUP_PROBE = """
+import json, sys, time
+t0 = time.perf_counter()
+import fedapps.client_app
+t1 = time.perf_counter()
+from fedapps.validation import resolve_config
+from fedapps.data import federated_data
+cfg = resolve_config(sys.argv[1], sys.argv[2:])
+federated_data(cfg).client(0)
+t2 = time.perf_counter()
+federated_data(cfg).client(0)
+t3 = time.perf_counter()
+mem = {l.split(":")[0]: int(l.split()[1]) // 1024 for l in open("/proc/self/status")
+       if l.startswith(("VmRSS", "VmHWM"))}
+print(json.dumps({"imports_s": round(t1 - t0, 2), "data_s": round(t2 - t1, 2),
+                  "again_s": round(t3 - t2, 4), "peak_rss_mb": mem["VmHWM"]}))
+"""
+
+
+def memory_kb(pid: int) -> tuple[int, int]:
+    """(RSS, PSS) of one process in kB; (0, 0) once it is gone."""
+    try:
+        text = Path(f"/proc/{pid}/smaps_rollup").read_text()
+    except OSError:
+        return 0, 0
+    values = {line.split(":")[0]: int(line.split()[1]) for line in text.splitlines()[1:]
+              if line.split(":")[0] in ("Rss", "Pss")}
+    return values.get("Rss", 0), values.get("Pss", 0)
+
+
+def child_map() -> dict[int, list[int]]:
+    """Parent pid -> child pids of every live process (one pass over /proc)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    return children
+
+
+def is_clientapp(pid: int) -> bool:
+    try:
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return False
+    return any(m in cmd for m in CLIENTAPP_MARKERS)
+
+
+class TreeSampler:
+    """Peak memory of every SuperNode's process tree, sampled every `period` seconds."""
+
+    def __init__(self, period: float = 1.0) -> None:
+        self.period, self.stop = period, threading.Event()
+        self.peak_tree_rss = self.peak_tree_pss = self.peak_app_rss = self.peak_app_pss = 0
+        self.clientapp_pids: set[int] = set()
+
+    def __call__(self, nodes: list[SuperNode]) -> None:
+        while not self.stop.is_set():
+            children = child_map()
+            for node in nodes:
+                todo = [p.pid for p in (node.process, getattr(node, "worker", None)) if p]
+                pids = []
+                while todo:
+                    pids.append(todo.pop())
+                    todo += children.get(pids[-1], [])
+                mem = {pid: memory_kb(pid) for pid in pids}
+                self.peak_tree_rss = max(self.peak_tree_rss, sum(m[0] for m in mem.values()))
+                self.peak_tree_pss = max(self.peak_tree_pss, sum(m[1] for m in mem.values()))
+                for pid, (rss, pss) in mem.items():
+                    if is_clientapp(pid):
+                        self.clientapp_pids.add(pid)
+                        self.peak_app_rss = max(self.peak_app_rss, rss)
+                        self.peak_app_pss = max(self.peak_app_pss, pss)
+            time.sleep(self.period)
+
+
+def round_stats(run_dir: Path) -> dict:
+    rounds = json.loads((run_dir / "results.json").read_text())["rounds"]
+    if not rounds:
+        return {"global_accuracy": []}
+    steady = rounds[1:] or rounds
+    return {
+        "round_seconds": [round(r["seconds"], 2) for r in rounds],
+        "steady_seconds": statistics.median(r["seconds"] for r in steady),
+        "fit_seconds": statistics.median(r["fit_seconds"] for r in steady),
+        "eval_seconds": statistics.median(r["eval_seconds"] for r in steady),
+        "bytes_per_round": rounds[-1]["bytes_down"] + rounds[-1]["bytes_up"]
+        + rounds[-1]["bytes_down_eval"],
+        "global_accuracy": [r["global_accuracy"] for r in rounds],
+    }
+
+
+def startup_probe(experiment: str, sets: list[str]) -> dict:
+    """What a fresh interpreter pays before a message's training (imports, then partition 0's
+    data), the same data again in that process, and its peak RSS."""
+    out = subprocess.run([sys.executable, "-c", STARTUP_PROBE, experiment, *sets],
+                         capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--experiment", default="fedavg-fmnist")
+    p.add_argument("--set", dest="overrides", action="append", default=None)
+    p.add_argument("--out", type=Path, default=Path("outputs/deploy-benchmark"))
+    p.add_argument("--modes", default="simulation,deploy_warm,deploy_cold",
+                   help="which runs (the code before the warm ClientApp has only the first two)")
+    p.add_argument("--probe-only", action="store_true",
+                   help="only the fresh-interpreter probe (runs with the fedapps on PYTHONPATH)")
+    args = p.parse_args(argv)
+    modes = args.modes.split(",")
+    sets = args.overrides or ["rounds=3", "eval.fraction=0.25"]  # 5 of 20 clients evaluate
+    n = int(next((s.split("=")[1] for s in sets if s.startswith("federation.num-clients=")),
+                 20))
+    args.out.mkdir(parents=True, exist_ok=True)
+    quiet = lambda line: False  # noqa: E731
+    report: dict = {"experiment": args.experiment, "overrides": sets, "clients": n}
+    report["startup_probe"] = startup_probe(args.experiment, sets)
+    if args.probe_only:
+        print(json.dumps(report["startup_probe"]))
+        return 0
+    if "simulation" in modes:
+        t = time.perf_counter()
+        status = run_experiment(args.experiment, sets, n, args.out / "simulation", show=quiet)
+        report["simulation"] = {"status": status, "wall_s": round(time.perf_counter() - t, 1),
+                                **round_stats(args.out / "simulation")}
+    for name in [m for m in modes if m.startswith("deploy")]:
+        sampler = TreeSampler()
+        t = time.perf_counter()
+        # the code before the warm ClientApp has no `warm` (and is always cold)
+        mode = {"warm": name == "deploy_warm"} \
+            if "warm" in inspect.signature(run_federation).parameters else {}
+        status = run_federation(args.experiment, sets, n, args.out / name, show=quiet,
+                                state_root=args.out / f"{name}-state", during=sampler, **mode)
+        sampler.stop.set()
+        report[name] = {"status": status, "wall_s": round(time.perf_counter() - t, 1),
+                        "clientapp_processes": len(sampler.clientapp_pids),
+                        "peak_tree_rss_mb": sampler.peak_tree_rss // 1024,
+                        "peak_tree_pss_mb": sampler.peak_tree_pss // 1024,
+                        "peak_clientapp_rss_mb": sampler.peak_app_rss // 1024,
+                        "peak_clientapp_pss_mb": sampler.peak_app_pss // 1024,
+                        **round_stats(args.out / name)}
+    (args.out / "deploy_benchmark.json").write_text(json.dumps(report, indent=1))
+    print(json.dumps(report, indent=1))
+    accuracies = [report[m]["global_accuracy"] for m in modes]
+    same = all(a == accuracies[0] for a in accuracies)
+    print(f"same accuracies in every run: {same}")
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,80 @@
+"""A simulation on an existing two-node Ray cluster (head + second node on loopback)."""
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+import pytest
+
+from fedapps.launcher import free_port, run_experiment
+
+pytestmark = pytest.mark.integration
+
+# `fedapps run quickstart --set rounds=2 --set federation.num-clients=3
+#  --set federation.fraction-fit=1.0` on one machine (its own Ray): G per round, and the loss
+SINGLE_MACHINE = [(0.717439293598234, 0.9237435479827275), (0.9183222958057395, 0.2526121765835659)]
+
+
+def processes():
+    """pid -> (parent pid, command line) of every live process."""
+    found = {}
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            found[int(proc.name)] = (ppid, (proc / "cmdline").read_bytes().replace(b"\0", b" "))
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
+def test_simulation_on_a_two_node_ray_cluster_gives_the_single_machine_numbers(tmp_path):
+    port = free_port()
+    # Ray's own temp dir, short (Unix socket paths) and private: `ray start` records the
+    # cluster there, so no other Ray user on this machine ever connects to it by accident
+    temp = tempfile.mkdtemp(prefix="fr", dir="/tmp")  # one temp dir per node, below it
+    env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1"}  # two nodes on one host
+    common = ["--num-cpus", "1", "--node-ip-address", "127.0.0.1", "--disable-usage-stats"]
+    raylets = set()
+    stop = threading.Event()
+
+    def watch():  # which raylet (node) each simulated client's actor runs under
+        while not stop.wait(0.5):
+            procs = processes()
+            for ppid, cmd in procs.values():
+                if b"ClientAppActor" in cmd and temp.encode() in procs.get(ppid, (0, b""))[1]:
+                    raylets.add(ppid)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    try:
+        subprocess.run(["ray", "start", "--head", "--port", str(port), "--temp-dir",
+                        f"{temp}/h", "--include-dashboard", "false", *common], env=env,
+                       check=True, capture_output=True, timeout=300)
+        subprocess.run(["ray", "start", "--address", f"127.0.0.1:{port}", "--temp-dir",
+                        f"{temp}/w", *common], env=env, check=True, capture_output=True,
+                       timeout=300)
+        watcher.start()
+        sets = ["rounds=2", "federation.num-clients=3", "federation.fraction-fit=1.0"]
+        out = tmp_path / "run"
+        status = run_experiment("quickstart", sets, 3, out, show=lambda line: False,
+                                ray_address=f"127.0.0.1:{port}")
+        stop.set()
+        assert status == "finished:completed"
+        rounds = json.loads((out / "results.json").read_text())["rounds"]
+        assert [(r["global_accuracy"], r["loss"]) for r in rounds] == \
+            pytest.approx(SINGLE_MACHINE, abs=1e-9)
+        assert len(raylets) == 2  # clients ran on both nodes
+    finally:
+        stop.set()
+        # stop this cluster's processes only (never `ray stop`: it stops every Ray here)
+        mine = [pid for pid, (_, cmd) in processes().items()
+                if temp.encode() in cmd and pid != os.getpid()]
+        for pid in mine:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(temp, ignore_errors=True)
