@@ -87,3 +87,34 @@ def test_thesis_mnist_cnn_head_depth_two_holds_both_fc_layers_and_dropout():
     assert any(isinstance(m, torch.nn.Dropout) for m in model.head.modules())
     with pytest.raises(ValueError):
         build_model("thesis-fmnist-cnn", (1, 28, 28), 10, head_depth=2)  # one FC layer only
+
+
+def test_batchnorm_statistics_of_the_thesis_fmnist_cnn_are_averaged_in_a_fedavg_round():
+    """In process on digits (8x8 fits its two pools): the running statistics and the int64
+    batch counter travel, pass the upload check and come back as the weighted average."""
+    import numpy as np
+
+    from clients.fedavg import FedAvgClient
+    from fedapps.runtime import make_model, train_settings
+    from strategies.aggregation import weighted_average
+    from strategies.fedavg import FedAvg
+    from tests.inprocess import digits_setup, run
+
+    cfg, fd = digits_setup(3)
+    cfg.model.name, cfg.model["head-depth"] = "thesis-fmnist-cnn", 1
+    model = make_model(cfg)
+    strategy = FedAvg(initial_arrays=get_arrays(model), array_names=list(model.state_dict()),
+                      num_rounds=1, num_clients=3, clients_per_round=3, seed=0)
+    clients = {pid: FedAvgClient(make_model(cfg), fd.client(pid), train_settings(cfg), pid)
+               for pid in range(3)}
+    run(strategy, clients, 1)
+    names = list(model.state_dict())
+    trained = [get_arrays(c.model) for c in clients.values()]  # each client's after training
+    sizes = [len(c.data.y_train) for c in clients.values()]
+    expected = weighted_average(trained, sizes)
+    for name, got, want in zip(names, strategy.global_arrays, expected, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-6, err_msg=name)
+    mean = strategy.global_arrays[names.index("base.0.1.running_mean")]
+    assert np.abs(mean).sum() > 0  # BatchNorm statistics moved and were averaged
+    counter = strategy.global_arrays[names.index("base.0.1.num_batches_tracked")]
+    assert counter.dtype == np.int64 and int(counter) > 0
