@@ -89,29 +89,35 @@ def test_thesis_mnist_cnn_head_depth_two_holds_both_fc_layers_and_dropout():
         build_model("thesis-fmnist-cnn", (1, 28, 28), 10, head_depth=2)  # one FC layer only
 
 
-def test_batchnorm_statistics_of_the_thesis_fmnist_cnn_are_averaged_in_a_fedavg_round():
-    """In process on digits (8x8 fits its two pools): the running statistics and the int64
-    batch counter travel, pass the upload check and come back as the weighted average."""
+def test_batchnorm_statistics_of_the_thesis_fmnist_cnn_are_averaged_by_fedavg():
+    """In process on digits (8x8 fits its two pools), one fit step of the strategy: the running
+    statistics and the int64 batch counter travel, pass the upload check and come back as the
+    clients' weighted average."""
     import numpy as np
+    from flwr.common import FitRes, ndarrays_to_parameters, parameters_to_ndarrays
 
     from clients.fedavg import FedAvgClient
     from fedapps.runtime import make_model, train_settings
     from strategies.aggregation import weighted_average
     from strategies.fedavg import FedAvg
-    from tests.inprocess import digits_setup, run
+    from tests.inprocess import OK, LocalManager, digits_setup
 
-    cfg, fd = digits_setup(3)
+    cfg, fd = digits_setup(2)
     cfg.model.name, cfg.model["head-depth"] = "thesis-fmnist-cnn", 1
     model = make_model(cfg)
     strategy = FedAvg(initial_arrays=get_arrays(model), array_names=list(model.state_dict()),
-                      num_rounds=1, num_clients=3, clients_per_round=3, seed=0)
-    clients = {pid: FedAvgClient(make_model(cfg), fd.client(pid), train_settings(cfg), pid)
-               for pid in range(3)}
-    run(strategy, clients, 1)
+                      num_rounds=1, num_clients=2, clients_per_round=2, seed=0)
+    manager = LocalManager({pid: FedAvgClient(make_model(cfg), fd.client(pid),
+                                              train_settings(cfg), pid) for pid in range(2)})
+    params = strategy.initialize_parameters(manager)
+    answers, results = [], []
+    for proxy, ins in strategy.configure_fit(1, params, manager):
+        arrays, n, metrics = proxy.client.fit(parameters_to_ndarrays(ins.parameters), ins.config)
+        answers.append((arrays, n))
+        results.append((proxy, FitRes(OK, ndarrays_to_parameters(arrays), n, metrics)))
+    strategy.aggregate_fit(1, results, [])
     names = list(model.state_dict())
-    trained = [get_arrays(c.model) for c in clients.values()]  # each client's after training
-    sizes = [len(c.data.y_train) for c in clients.values()]
-    expected = weighted_average(trained, sizes)
+    expected = weighted_average([a for a, _ in answers], [n for _, n in answers])
     for name, got, want in zip(names, strategy.global_arrays, expected, strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-6, err_msg=name)
     mean = strategy.global_arrays[names.index("base.0.1.running_mean")]
