@@ -72,15 +72,88 @@ def digits_cnn(in_shape: tuple[int, int, int], num_classes: int, head_depth: int
     return _split(features, in_shape, [128, 64], num_classes, head_depth)
 
 
+def _layered(features: nn.Module, fc_blocks: list[nn.Module], head_depth: int) -> SplitNet:
+    """A SplitNet from hand-written FC blocks (each an FC layer with what follows it): the last
+    `head_depth` blocks form the head. For models whose FC stack is not plain Linear-ReLU."""
+    if not 1 <= head_depth <= len(fc_blocks):
+        raise ValueError(f"head depth {head_depth} outside 1..{len(fc_blocks)}")
+    cut = len(fc_blocks) - head_depth
+    return SplitNet(nn.Sequential(features, nn.Flatten(), *fc_blocks[:cut]),
+                    nn.Sequential(*fc_blocks[cut:]))
+
+
+def _flat_size(features: nn.Module, in_shape: tuple[int, ...]) -> int:
+    """Features per sample, probed in eval mode so BatchNorm's running statistics stay at
+    their initial values."""
+    features.eval()
+    with torch.no_grad():
+        flat = int(np.prod(features(torch.zeros(1, *in_shape)).shape[1:]))
+    features.train()
+    return flat
+
+
+def thesis_mnist_cnn(in_shape: tuple[int, int, int], num_classes: int,
+                     head_depth: int) -> SplitNet:
+    """Seed 002 Appendix A MNIST_CNN (21,840 parameters on 28x28) with FLTK's forward: conv5(10)
+    - pool - ReLU, conv5(20) - Dropout2d - pool - ReLU, FC 50 - ReLU - dropout, FC C. FLTK's final
+    log_softmax is left out: the cross-entropy loss applies it, and log_softmax is idempotent, so
+    loss and predictions are the same."""
+    features = nn.Sequential(
+        nn.Conv2d(in_shape[0], 10, 5), nn.MaxPool2d(2), nn.ReLU(),
+        nn.Conv2d(10, 20, 5), nn.Dropout2d(), nn.MaxPool2d(2), nn.ReLU())
+    flat = _flat_size(features, in_shape)
+    return _layered(features, [nn.Sequential(nn.Linear(flat, 50), nn.ReLU(), nn.Dropout()),
+                               nn.Linear(50, num_classes)], head_depth)
+
+
+def thesis_fmnist_cnn(in_shape: tuple[int, int, int], num_classes: int,
+                      head_depth: int) -> SplitNet:
+    """Seed 002 Appendix A FashionMNISTCNN (29,034 parameters on 28x28): two blocks of conv5
+    (pad 2) - BatchNorm - ReLU - pool (the listing's repeated ReLUs are one: ReLU is idempotent),
+    one FC layer; BatchNorm running statistics travel with the model (FLTK averages the whole
+    state_dict)."""
+    features = nn.Sequential(
+        nn.Conv2d(in_shape[0], 16, 5, padding=2), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 5, padding=2), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2))
+    return _layered(features, [nn.Linear(_flat_size(features, in_shape), num_classes)],
+                    head_depth)
+
+
+def thesis_cifar10_cnn(in_shape: tuple[int, int, int], num_classes: int,
+                       head_depth: int) -> SplitNet:
+    """Seed 002 Appendix A Cifar10CNN (551,466 parameters on 32x32) with FLTK's forward, quirks
+    kept as section 7 reads them: conv3 - ReLU - BatchNorm (ReLU before BN) in three pairs, each
+    pair followed by a pool; FC 128 with no activation; FC C; softmax on the output (the
+    cross-entropy then applies log-softmax to probabilities, as FLTK trained it)."""
+    layers: list[nn.Module] = []
+    prev = in_shape[0]
+    for width in (32, 64, 128):
+        for _ in range(2):
+            layers += [nn.Conv2d(prev, width, 3, padding=1), nn.ReLU(), nn.BatchNorm2d(width)]
+            prev = width
+        layers.append(nn.MaxPool2d(2))
+    features = nn.Sequential(*layers)
+    flat = _flat_size(features, in_shape)
+    return _layered(features, [nn.Linear(flat, 128),
+                               nn.Sequential(nn.Linear(128, num_classes), nn.Softmax(dim=1))],
+                    head_depth)
+
+
 MODELS: dict[str, tuple[Callable[..., SplitNet], int]] = {
     # name: (builder, number of FC layers = the largest head depth)
     "convnet": (convnet, 3),
     "mlp": (mlp, 2),
     "digits-cnn": (digits_cnn, 3),
+    # seed 002 Appendix A (Cornelis 2022): the thesis's MNIST, Fashion-MNIST and CIFAR-10 CNNs
+    "thesis-mnist-cnn": (thesis_mnist_cnn, 2),
+    "thesis-fmnist-cnn": (thesis_fmnist_cnn, 1),
+    "thesis-cifar10-cnn": (thesis_cifar10_cnn, 2),
 }
 
 
-IMAGE_MODELS = ("convnet", "digits-cnn")  # convolutions over [C, H, W] inputs
+# convolutions over [C, H, W] inputs
+IMAGE_MODELS = ("convnet", "digits-cnn", "thesis-mnist-cnn", "thesis-fmnist-cnn",
+                "thesis-cifar10-cnn")
 
 
 def fc_depth(name: str) -> int:

@@ -1,7 +1,10 @@
 """Reproduce a paper table: run an experiment over a grid and seeds, then tabulate and plot.
 
 A grid file `conf/grid/<name>.yaml` names an experiment, the seeds, the axes to sweep (e.g.
-algorithm x data.alpha) and the paper's numbers for each cell. Runs land in
+algorithm x data.alpha) and the paper's numbers for each cell. The axis `variant` sweeps named
+bundles of settings (`variants: {name: [KEY=VALUE, ...]}`), for a figure whose lines differ in
+several keys at once (FedAvg with raised E and rounds beside phase-shift); `exclude` drops cells
+by label (combinations the paper does not run). Runs land in
 `<output-dir>/<grid>/<cell>-s<seed>/`; a finished run (results.json with status completed) is
 never redone, so an interrupted grid resumes where it stopped. A run the runner finds
 unfinished starts again from scratch with a new run id (fedapps/rundir.py REDO_UNFINISHED:
@@ -61,17 +64,31 @@ class Grid:
     source: str = ""
     cell_overrides: dict[str, list[str]] = field(default_factory=dict)  # by cell label
     overrides: list[str] = field(default_factory=list)  # for every cell (the table's setting)
+    variants: dict[str, list[str]] = field(default_factory=dict)  # values of the axis `variant`
+    exclude: list[str] = field(default_factory=list)  # labels of cells not to run
 
     def cells(self) -> list[dict[str, Any]]:
         keys = list(self.axes)
-        return [dict(zip(keys, values, strict=True))
-                for values in itertools.product(*(self.axes[k] for k in keys))]
+        every = [dict(zip(keys, values, strict=True))
+                 for values in itertools.product(*(self.axes[k] for k in keys))]
+        return [c for c in every if cell_label(c) not in self.exclude]
+
+    def cell_sets(self, cell: dict[str, Any]) -> list[str]:
+        """The overrides that make a cell: the grid's, then the axes' values (a variant's
+        bundle in its place), then the cell's own."""
+        axes = [s for k, v in cell.items()
+                for s in (self.variants[str(v)] if k == VARIANT else [f"{k}={v}"])]
+        return [*self.overrides, *axes, *self.cell_overrides.get(cell_label(cell), [])]
+
+
+VARIANT = "variant"  # the axis whose values name bundles of settings
 
 
 def cell_label(cell: dict[str, Any]) -> str:
-    """'fedreb' for an algorithm-only grid, else 'algorithm=fedreb,data.alpha=0.5'."""
-    if list(cell) == ["algorithm"]:
-        return str(cell["algorithm"])
+    """'fedreb' for an algorithm-only (or variant-only) grid, else
+    'algorithm=fedreb,data.alpha=0.5'."""
+    if list(cell) in (["algorithm"], [VARIANT]):
+        return str(next(iter(cell.values())))
     return ",".join(f"{k}={v}" for k, v in cell.items()) or "run"
 
 
@@ -82,13 +99,21 @@ def load_grid(name: str) -> Grid:
         raw = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
         assert isinstance(raw, dict)
         ref = raw.get("reference") or {}
-        return Grid(name, str(raw["experiment"]), [int(s) for s in raw.get("seeds", [0, 1, 2])],
+        grid = Grid(name, str(raw["experiment"]), [int(s) for s in raw.get("seeds", [0, 1, 2])],
                     {str(k): list(v) for k, v in (raw.get("grid") or {}).items()},
                     {str(k): dict(v) for k, v in (ref.get("values") or {}).items()},
                     str(ref.get("source", "")),
                     {str(k): [str(x) for x in v]
                      for k, v in (raw.get("cell-overrides") or {}).items()},
-                    [str(x) for x in raw.get("overrides") or []])
+                    [str(x) for x in raw.get("overrides") or []],
+                    {str(k): [str(x) for x in v or []]
+                     for k, v in (raw.get("variants") or {}).items()},
+                    [str(x) for x in raw.get("exclude") or []])
+        unknown = sorted(str(v) for v in grid.axes.get(VARIANT, []) if str(v) not in grid.variants)
+        if unknown:
+            raise ConfigError(f"grid {name}: variant {', '.join(unknown)} not under variants:; "
+                              f"variants: {', '.join(grid.variants) or 'none'}")
+        return grid
     if name in available("experiment"):
         return Grid(name, name, [0, 1, 2])
     raise ConfigError(f"grid {name!r}: no conf/grid/{name}.yaml and no such experiment; grids: "
@@ -134,9 +159,10 @@ def run_grid(grid: Grid, overrides: Sequence[str], out_root: Path, runner: Runne
         if only and cell_label(cell) not in only:
             continue
         for seed in grid.seeds:
-            sets = [f"wandb.group={grid.name}", *grid.overrides, *overrides,
-                    *(f"{k}={v}" for k, v in cell.items()),
-                    *grid.cell_overrides.get(cell_label(cell), []), f"seed={seed}"]
+            # the command line's overrides sit between the grid's and the cell's, as before
+            own = grid.cell_sets(cell)[len(grid.overrides):]
+            sets = [f"wandb.group={grid.name}", *grid.overrides, *overrides, *own,
+                    f"seed={seed}"]
             cfg = load_config(grid.experiment, sets)
             validate(cfg)  # every cell is checked before the first run starts
             check_device(str(cfg.device))

@@ -113,6 +113,37 @@ def test_cell_overrides_apply_to_their_cell_only(tmp_path):
     assert not any("threshold" in s for s in sets["fedavg-s0"])
 
 
+def test_variants_expand_to_their_settings_and_excluded_cells_do_not_run(tmp_path):
+    grid = Grid("v", "quickstart", [0], {"data.alpha": [0.1, 0.5], "variant": ["a", "b"]},
+                overrides=["rounds=2"], exclude=["data.alpha=0.5,variant=b"],
+                variants={"a": ["algorithm=fedavg"],
+                          "b": ["algorithm=fedreb", "train.local-epochs=3"]})
+    runner = FakeRunner(VALUES)
+    run_grid(grid, ["federation.num-clients=4"], tmp_path, runner, log=lambda s: None)
+    sets = {c[2]: c[1] for c in runner.calls}
+    assert sorted(sets) == ["data.alpha-0.1_variant-a-s0", "data.alpha-0.1_variant-b-s0",
+                            "data.alpha-0.5_variant-a-s0"]
+    assert sets["data.alpha-0.1_variant-b-s0"] == (
+        "wandb.group=v", "rounds=2", "federation.num-clients=4", "data.alpha=0.1",
+        "algorithm=fedreb", "train.local-epochs=3", "seed=0", "output.output-dir=" +
+        str(tmp_path / "v"), "output.run-name=data.alpha-0.1_variant-b-s0")
+    assert not any(s.startswith("variant=") for call in sets.values() for s in call)
+    only_variants = Grid("w", "quickstart", [0], {"variant": ["a"]}, variants={"a": []})
+    assert [cell_label(c) for c in only_variants.cells()] == ["a"]
+
+
+def test_a_variant_the_grid_file_does_not_define_is_a_one_line_error(tmp_path, monkeypatch):
+    from fedapps.errors import ConfigError
+    from simulations import reproduce
+
+    (tmp_path / "grid").mkdir()
+    (tmp_path / "grid" / "bad.yaml").write_text(
+        "experiment: quickstart\ngrid:\n  variant: [a, b]\nvariants:\n  a: []\n")
+    monkeypatch.setattr(reproduce, "CONF_DIR", tmp_path)
+    with pytest.raises(ConfigError, match="variant b not under variants"):
+        load_grid("bad")
+
+
 def test_mean_std_edge_cases():
     assert mean_std([5.0]) == (5.0, 0.0)
     m, s = mean_std([1.0, 2.0, 3.0, 4.0])
@@ -150,11 +181,12 @@ def test_every_grid_file_validates_and_references_its_cells():
         labels = set()
         for cell in grid.cells():
             labels.add(cell_label(cell))
-            sets = [*grid.overrides, *(f"{k}={v}" for k, v in cell.items()),
-                    *grid.cell_overrides.get(cell_label(cell), [])]
-            validate(load_config(grid.experiment, sets), check_data=False)
+            validate(load_config(grid.experiment, grid.cell_sets(cell)), check_data=False)
         assert set(grid.reference) <= labels, name  # paper numbers only for cells that run
         assert set(grid.cell_overrides) <= labels, name  # no override for a cell that is not
+        assert set(grid.variants) <= {str(v) for v in grid.axes.get("variant", [])}, name
+        every = Grid(name, grid.experiment, grid.seeds, grid.axes).cells()
+        assert set(grid.exclude) <= {cell_label(c) for c in every}, name  # no stale exclusion
 
 
 def test_table_only_starts_no_run(tmp_path):

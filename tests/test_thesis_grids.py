@@ -1,0 +1,66 @@
+"""Seed 002's presets and figure grids carry the thesis's settings (Table 4.2, Table 4.5,
+Table 6.1), checked on the resolved configs; no run is started."""
+
+import pytest
+
+from fedapps.config import load_config
+from simulations.reproduce import load_grid
+
+
+@pytest.mark.parametrize("dataset, model", [("mnist", "thesis-mnist-cnn"),
+                                            ("fmnist", "thesis-fmnist-cnn"),
+                                            ("cifar10", "thesis-cifar10-cnn")])
+def test_presets_hold_table_4_2(dataset, model):
+    cfg = load_config(f"thesis-{dataset}")
+    assert (cfg.dataset, cfg.model.name) == (dataset, model)
+    assert cfg.federation["num-clients"] == 20 and cfg.federation["fraction-fit"] == 1.0
+    assert (cfg.train.lr, cfg.train.momentum, cfg.train["batch-size"]) == (0.001, 0.9, 16)
+    assert cfg.data.partitioner == "limit-label" and cfg.data["target-emd"] == 1.4
+
+
+def settings(grid, label):
+    cell = next(c for c in grid.cells() if c.get("variant") == label)
+    return load_config(grid.experiment, grid.cell_sets(cell))
+
+
+@pytest.mark.parametrize("name", ["thesis-fig6.1-mnist", "thesis-fig6.1-fmnist",
+                                  "thesis-fig6.1-cifar10"])
+def test_fig_6_1_gives_every_method_the_same_epochs_and_transfers(name):
+    grid = load_grid(name)
+    assert grid.seeds == [0, 1, 2, 3]
+    two_p = settings(grid, "2p-fedaug-0.8")
+    k = two_p.federation["num-clients"]
+    # Table 6.1: 2P E 9 (12 x 3/4, epoch mode) x 12 rounds; the others E 12 x 9 rounds = 108
+    assert two_p.algo.mode == "epoch" and two_p.algo.phases == 2
+    assert two_p.train["local-epochs"] * 3 / 4 * two_p.rounds == 108
+    assert two_p.data.transforms == ["fedaug"] and two_p.data.fedaug["target-emd"] == 0.8
+    for other in ("fednova", "fedprox", "fedavg"):
+        cfg = settings(grid, other)
+        assert cfg.train["local-epochs"] * cfg.rounds == 108
+        # transfers: K down + K up per FedAvg round = K down + K/2 up per 2P round
+        assert cfg.rounds * 2 * k == two_p.rounds * (k + k // 2)
+    assert settings(grid, "fedprox").algo["mu-mode"] == "auto"
+
+
+@pytest.mark.parametrize("name, base, total", [("thesis-fig4.9-mnist", 8, 120),
+                                               ("thesis-fig4.10-fmnist", 16, 128)])
+def test_fig_4_fedavg_raises_e_per_table_4_5(name, base, total):
+    grid = load_grid(name)
+    for variant in grid.axes["variant"]:
+        cfg = settings(grid, variant)
+        assert cfg.federation["num-clients"] == 40
+        e = cfg.train["local-epochs"]
+        if variant.startswith("phase-shift"):
+            assert (e, cfg.rounds) == (base, total // base)
+        else:  # Table 4.5's E = base x 2n/(n+1), rounded; about the same total epochs
+            assert any(abs(e - base * 2 * n / (n + 1)) <= 0.5 for n in (1, 2, 4, 5, 10, 20))
+            assert abs(e * cfg.rounds - total) <= e / 2
+
+
+def test_fig_5_runs_fedaug_only_below_the_emd():
+    grid = load_grid("thesis-fig5.3-mnist")
+    cells = {(c["data.target-emd"], c["variant"]) for c in grid.cells()}
+    assert len(cells) == 13 and (0.8, "fedaug-0.4") in cells and (0.8, "fedaug-0.8") not in cells
+    cfg = load_config(grid.experiment, grid.cell_sets({"data.target-emd": 1.4,
+                                                       "variant": "fedaug-0.8"}))
+    assert (cfg.train["local-epochs"], cfg.rounds, cfg.data["target-emd"]) == (4, 8, 1.4)
