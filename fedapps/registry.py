@@ -50,7 +50,9 @@ def make_model(cfg: DictConfig) -> SplitNet:
     info = DATASETS[cfg.dataset]
     torch.manual_seed(int(cfg.seed))
     outputs = info.num_classes or 1  # a regression model predicts one standardized value
-    return build_model(cfg.model.name, info.shape, outputs, int(cfg.model["head-depth"]))
+    return build_model(cfg.model.name, info.shape, outputs, int(cfg.model["head-depth"]),
+                       pretrained=bool(cfg.model.get("pretrained", False)),
+                       freeze_features=bool(cfg.model.get("freeze-features", True)))
 
 
 @dataclass(frozen=True)
