@@ -139,6 +139,8 @@ class DatasetInfo:
     has_client_ids: bool = False  # the source gives every sample a natural client id
     # custom sources: (data root, download allowed) -> Pool; None = the built-in loaders
     loader: Callable[[Path, bool], Pool] | None = None
+    # custom sources: raise a one-line ConfigError when the data is missing (before any run)
+    check: Callable[[Path], None] | None = None
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -232,6 +234,8 @@ def resolve_root(name: str, root: Path) -> Path | None:
 def check_available(name: str, root: Path, download: bool) -> None:
     """Raise a one-line ConfigError when the dataset is missing and may not be downloaded."""
     info = DATASETS[name]
+    if info.check is not None:
+        info.check(root)
     if not info.folder or download or info.loader is not None:
         return
     raw = _raw_dir(name, root)
