@@ -20,3 +20,17 @@ def set_arrays(model: nn.Module, arrays: list[np.ndarray], prefix: str = "") -> 
         raise ValueError(f"expected {len(keys)} arrays for '{prefix}*', got {len(arrays)}")
     state = {k: torch.from_numpy(np.asarray(a)) for k, a in zip(keys, arrays, strict=True)}
     model.load_state_dict(state, strict=not prefix)
+
+
+def get_named(model: nn.Module, keys: list[str]) -> list[np.ndarray]:
+    """The state entries named in `keys`, in that order, as NumPy arrays."""
+    state = model.state_dict()
+    return [state[k].detach().cpu().numpy().copy() for k in keys]
+
+
+def set_named(model: nn.Module, keys: list[str], arrays: list[np.ndarray]) -> None:
+    """Load arrays into the state entries named in `keys` (the others stay as they are)."""
+    if len(keys) != len(arrays):
+        raise ValueError(f"expected {len(keys)} arrays, got {len(arrays)}")
+    model.load_state_dict({k: torch.from_numpy(np.asarray(a))
+                           for k, a in zip(keys, arrays, strict=True)}, strict=False)

@@ -13,9 +13,10 @@ import torch
 from torch import nn
 
 from clients.arrays import get_arrays, set_arrays
+from fedapps.pretrained import load_vgg19_features
 
-__all__ = ["IMAGE_MODELS", "MODELS", "SplitNet", "build_model", "fc_depth", "get_arrays",
-           "set_arrays"]
+__all__ = ["IMAGE_MODELS", "MODELS", "PRETRAINED_MODELS", "SplitNet", "build_model",
+           "fc_depth", "frozen_names", "get_arrays", "set_arrays"]
 
 
 class SplitNet(nn.Module):
@@ -139,6 +140,74 @@ def thesis_cifar10_cnn(in_shape: tuple[int, int, int], num_classes: int,
                     head_depth)
 
 
+VGG19_LAYERS = (64, 64, "M", 128, 128, "M", 256, 256, 256, 256, "M",
+                512, 512, 512, 512, "M", 512, 512, 512, 512, "M")  # torchvision's cfg "E"
+
+
+def vgg19_features() -> nn.Sequential:
+    """VGG-19's 16 conv layers (3x3, ReLU) and 5 max-pools, with torchvision's layer indices
+    (so ImageNet weights load by name) and torchvision's random initialization."""
+    layers: list[nn.Module] = []
+    channels = 3
+    for v in VGG19_LAYERS:
+        if v == "M":
+            layers.append(nn.MaxPool2d(2, 2))
+            continue
+        conv = nn.Conv2d(channels, int(v), 3, padding=1)
+        nn.init.kaiming_normal_(conv.weight, mode="fan_out", nonlinearity="relu")
+        nn.init.zeros_(conv.bias)
+        layers += [conv, nn.ReLU(inplace=True)]
+        channels = int(v)
+    return nn.Sequential(*layers)
+
+
+def _vgg19_transfer(in_shape: tuple[int, int, int], num_classes: int, head_depth: int,
+                    hidden: list[int], dropout: float, pretrained: bool,
+                    freeze_features: bool) -> SplitNet:
+    """VGG-19 conv layers (ImageNet weights when `pretrained` and the file is present) and a
+    new FC stack; torchvision's 7x7 average pool is left out (the identity on 224x224, and on
+    32x32 the thesis's 512-d features). Frozen features have requires_grad False: SGD skips
+    them and `frozen_names` lists them, so they need not travel."""
+    if in_shape[0] != 3 or in_shape[1] < 32 or in_shape[2] < 32:
+        raise ValueError(f"VGG-19 needs [3, >=32, >=32] inputs, got {list(in_shape)}")
+    features = vgg19_features()
+    if pretrained:
+        load_vgg19_features(features)
+    features.requires_grad_(not freeze_features)
+    dims = [512 * (in_shape[1] // 32) * (in_shape[2] // 32), *hidden, num_classes]
+    n_fc = len(dims) - 1
+    if not 1 <= head_depth <= n_fc:
+        raise ValueError(f"head depth {head_depth} outside 1..{n_fc}")
+    fc: list[list[nn.Module]] = []
+    for i, (d_in, d_out) in enumerate(zip(dims[:-1], dims[1:], strict=True)):
+        block: list[nn.Module] = [nn.Linear(d_in, d_out)]
+        if i < n_fc - 1:
+            block.append(nn.ReLU())
+            if dropout:
+                block.append(nn.Dropout(dropout))
+        fc.append(block)
+    cut = n_fc - head_depth
+    base = nn.Sequential(features, nn.Flatten(), *[m for b in fc[:cut] for m in b])
+    head = nn.Sequential(*[m for b in fc[cut:] for m in b])
+    return SplitNet(base, head)
+
+
+def vgg19(in_shape: tuple[int, int, int], num_classes: int, head_depth: int,
+          pretrained: bool = False, freeze_features: bool = True) -> SplitNet:
+    """Seed 003 s.4.1 (domain shift): VGG-19 conv layers frozen, head FC 1024 - 256 - C with
+    ReLU and dropout 0.5 after the first two (25088 features on 224x224 inputs)."""
+    return _vgg19_transfer(in_shape, num_classes, head_depth, [1024, 256], 0.5, pretrained,
+                           freeze_features)
+
+
+def vgg19_cifar(in_shape: tuple[int, int, int], num_classes: int, head_depth: int,
+                pretrained: bool = False, freeze_features: bool = True) -> SplitNet:
+    """Seed 003 s.4.2 (CIFAR-10): VGG-19 conv layers, head FC 512 - 512 - C with ReLU and no
+    dropout (none is mentioned); 512 features on 32x32 inputs."""
+    return _vgg19_transfer(in_shape, num_classes, head_depth, [512, 512], 0.0, pretrained,
+                           freeze_features)
+
+
 MODELS: dict[str, tuple[Callable[..., SplitNet], int]] = {
     # name: (builder, number of FC layers = the largest head depth)
     "convnet": (convnet, 3),
@@ -148,12 +217,15 @@ MODELS: dict[str, tuple[Callable[..., SplitNet], int]] = {
     "thesis-mnist-cnn": (thesis_mnist_cnn, 2),
     "thesis-fmnist-cnn": (thesis_fmnist_cnn, 1),
     "thesis-cifar10-cnn": (thesis_cifar10_cnn, 2),
+    "vgg19": (vgg19, 3),
+    "vgg19-cifar": (vgg19_cifar, 3),
 }
 
 
 # convolutions over [C, H, W] inputs
 IMAGE_MODELS = ("convnet", "digits-cnn", "thesis-mnist-cnn", "thesis-fmnist-cnn",
-                "thesis-cifar10-cnn")
+                "thesis-cifar10-cnn", "vgg19", "vgg19-cifar")
+PRETRAINED_MODELS = ("vgg19", "vgg19-cifar")  # take model.pretrained / model.freeze-features
 
 
 def fc_depth(name: str) -> int:
@@ -161,8 +233,20 @@ def fc_depth(name: str) -> int:
 
 
 def build_model(name: str, in_shape: tuple[int, int, int], num_classes: int,
-                head_depth: int) -> SplitNet:
+                head_depth: int, pretrained: bool = False,
+                freeze_features: bool = True) -> SplitNet:
+    if name in PRETRAINED_MODELS:
+        return MODELS[name][0](in_shape, num_classes, head_depth, pretrained=pretrained,
+                               freeze_features=freeze_features)
+    if pretrained:
+        raise ValueError(f"model {name} has no pretrained weights")
     return MODELS[name][0](in_shape, num_classes, head_depth)
+
+
+def frozen_names(model: nn.Module) -> set[str]:
+    """State entries that never change in training (parameters with requires_grad False):
+    identical on every process, so an algorithm may leave them out of its traffic."""
+    return {name for name, p in model.named_parameters() if not p.requires_grad}
 
 
 class GpflNet(nn.Module):

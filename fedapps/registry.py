@@ -27,9 +27,10 @@ from clients.fedrod import FedRodClient
 from clients.gpfl import GpflClient, GpflSettings
 from clients.local import LocalClient
 from clients.partial import PartialClient, PartialSettings
+from clients.peer import PeerClient
 from clients.phaseshift import PhaseShiftClient, PhaseShiftSettings
 from fedapps.data import DATASETS, FederatedData, apply_transforms
-from fedapps.models import GpflNet, PreResNet18, SplitNet, WidthCNN, build_model
+from fedapps.models import GpflNet, PreResNet18, SplitNet, WidthCNN, build_model, frozen_names
 from fedapps.settings import AlgoSettings, build_settings
 from strategies.base import BaseStrategy
 from strategies.fedavg import FedAvg
@@ -50,7 +51,9 @@ def make_model(cfg: DictConfig) -> SplitNet:
     info = DATASETS[cfg.dataset]
     torch.manual_seed(int(cfg.seed))
     outputs = info.num_classes or 1  # a regression model predicts one standardized value
-    return build_model(cfg.model.name, info.shape, outputs, int(cfg.model["head-depth"]))
+    return build_model(cfg.model.name, info.shape, outputs, int(cfg.model["head-depth"]),
+                       pretrained=bool(cfg.model.get("pretrained", False)),
+                       freeze_features=bool(cfg.model.get("freeze-features", True)))
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,8 @@ def _gpfl_model(cfg: DictConfig) -> torch.nn.Module:
 
 
 CLASSES = ("classification",)
+# the periodic peer methods leave frozen parameters out of their traffic (exchange: trainable)
+PEER = {"strategy_kwargs": lambda cfg, model: {"frozen": frozen_names(model)}}
 FEDREB = Algorithm(FedReb, FedRebClient, FedRebSettings, transforms=("rebalance",),
                    tasks=CLASSES)
 
@@ -124,8 +129,8 @@ ALGORITHMS: dict[str, Algorithm] = {
     "phase-shift": Algorithm(PhaseShift, PhaseShiftClient, PhaseShiftSettings),  # seed 002
     "local": Algorithm(Local, LocalClient),  # seed 003 baseline: local models, no sharing
     # seed 003, P periods of peer pre-aggregation; Fed-Star scores peers by accuracy
-    "fedstar": Algorithm(FedStar, FedAvgClient, FedStarSettings, tasks=CLASSES),
-    "ringfed": Algorithm(RingFed, FedAvgClient, RingFedSettings),
+    "fedstar": Algorithm(FedStar, PeerClient, FedStarSettings, tasks=CLASSES, **PEER),
+    "ringfed": Algorithm(RingFed, PeerClient, RingFedSettings, **PEER),
     "fedreb": FEDREB,  # seed 000 (client-scope threshold)
     "fedreg": FEDREB,  # seed 001 (global-scope threshold); same code, other preset
 }

@@ -14,7 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 from fedapps import data as fdata
 from fedapps.config import load_config
 from fedapps.errors import ConfigError
-from fedapps.models import IMAGE_MODELS, MODELS, fc_depth
+from fedapps.models import IMAGE_MODELS, MODELS, PRETRAINED_MODELS, fc_depth
 from fedapps.paths import data_root
 from fedapps.registry import ALGORITHMS, algo_settings
 from fedapps.settings import as_dict
@@ -115,6 +115,16 @@ def validate(cfg: DictConfig, check_data: bool = True) -> None:
     _require(model not in IMAGE_MODELS or len(shape) == 3, "model.name", model,
              f"a convolutional model needs [C, H, W] inputs; {dataset} gives {list(shape)} "
              "(use mlp)")
+    pretrained = cfg.model.get("pretrained", False)
+    _require(isinstance(pretrained, bool), "model.pretrained", pretrained,
+             "must be true or false")
+    _require(not pretrained or model in PRETRAINED_MODELS, "model.pretrained", pretrained,
+             f"only {', '.join(PRETRAINED_MODELS)} have pretrained weights")
+    _require(isinstance(cfg.model.get("freeze-features", True), bool), "model.freeze-features",
+             cfg.model.get("freeze-features"), "must be true or false")
+    _require(model not in PRETRAINED_MODELS or (shape[0] == 3 and min(shape[1:]) >= 32),
+             "model.name", model, f"VGG-19 needs [3, >=32, >=32] inputs; {dataset} gives "
+             f"{list(shape)}")
     depth = _integer(cfg, "model.head-depth", 1)
     max_depth = fc_depth(model)
     _require(depth <= max_depth, "model.head-depth", depth,

@@ -9,7 +9,10 @@ the center server directly, to preaggregate") and the thesis's description ("adj
 exchanging weights with each other controlled by a hyperparameter gamma which decides how much
 weightage should be given to the weights of the adjacent client"; "after several
 pre-aggregation cycles, the result goes to the server for global aggregation"). The paper's
-own update equation was not available in the stored sources, so this is our reading:
+own update equation was not available in the stored sources (checked again for issue 14 item
+3: the `search` corpora "pages", "docs" and "code" and find_string "RingFed" return only the
+abstract, from ar5iv.labs.arxiv.org/html/2107.08873, arxivlens and paperswithcode; no
+implementation is stored), so this stays our reading:
 
     each round: w_k <- global model for every participant k
     for each of P periods:

@@ -9,9 +9,10 @@ import pytest
 from flwr.common import ndarrays_to_parameters
 
 from clients.arrays import get_arrays
-from clients.fedavg import FedAvgClient
+from clients.peer import PeerClient
 from fedapps.config import load_config
 from fedapps.errors import ConfigError
+from fedapps.models import frozen_names
 from fedapps.runtime import make_model, train_settings
 from fedapps.validation import validate
 from strategies.fedstar import FedStar, FedStarSettings
@@ -26,14 +27,26 @@ def setup():
     return digits_setup(N)
 
 
-def build(setup, cls=FedStar, settings=None, **kw):
-    cfg, fd = setup
+FROZEN = ["base.0.0.weight", "base.0.0.bias"]  # the digits CNN's conv layer
+
+
+def frozen_model(cfg):
     model = make_model(cfg)
+    model.base[0].requires_grad_(False)
+    return model
+
+
+def build(setup, cls=FedStar, settings=None, freeze=False, **kw):
+    """Strategy and clients; `freeze` freezes the conv layer (a transfer model's features)."""
+    cfg, fd = setup
+    new = frozen_model if freeze else make_model
+    model = new(cfg)
     settings = settings or (FedStarSettings() if cls is FedStar else RingFedSettings())
     strategy = cls(initial_arrays=get_arrays(model), array_names=list(model.state_dict()),
                    num_rounds=ROUNDS, num_clients=N, clients_per_round=N, seed=0,
-                   algo=settings, **kw)
-    clients = {pid: FedAvgClient(make_model(cfg), fd.client(pid), train_settings(cfg), pid)
+                   algo=settings, frozen=frozen_names(model), **kw)
+    clients = {pid: PeerClient(new(cfg), fd.client(pid), train_settings(cfg), pid,
+                               algo=settings)
                for pid in range(N)}
     return strategy, clients
 
@@ -69,7 +82,8 @@ def test_fed_star_runs_2p_steps_and_counts_peer_models(setup):
 
     assert own(snaps[0]) == ["peer-sizes"] + [f"peer-trained-{p}" for p in range(N)]
     assert own(snaps[1]) == [f"peer-local-{p}" for p in range(N)] + ["peer-sizes"]
-    assert snaps[3].state == {}  # nothing per client is left after the round
+    # after the round only the last pre-aggregates are left (each client's P model)
+    assert own(snaps[3]) == [f"peer-personal-{p}" for p in range(N)]
 
 
 def test_fed_star_pre_aggregates_by_one_minus_train_accuracy(setup):
@@ -135,7 +149,8 @@ def test_ring_fed_mixes_each_trained_model_with_its_predecessor(setup):
                      combine([trained[k], trained[prev]], [0.3, 0.7]))
     assert [r["steps"] for r in records] == [2, 2] and records[0]["bytes_down_xeval"] == 0
     assert records[0]["bytes_down"] == 2 * N * model_bytes(start)
-    assert snaps[1].state == {} and snaps[-1].state == {}
+    personal = [f"peer-personal-{p}" for p in range(N)]
+    assert sorted(snaps[1].state) == personal and sorted(snaps[-1].state) == personal
 
 
 @pytest.mark.parametrize("cls, mid", [(FedStar, (2, 0)), (FedStar, (2, 1)), (RingFed, (2, 0))])
@@ -161,3 +176,69 @@ def test_fed_star_needs_a_classification_dataset():
     with pytest.raises(ConfigError, match="algorithm=.fedstar.: needs a classification"):
         validate(load_config("regression-quick", ["algorithm=fedstar"]), check_data=False)
     validate(load_config("regression-quick", ["algorithm=ringfed"]), check_data=False)
+
+
+def test_exchange_trainable_leaves_frozen_arrays_home(setup):
+    """Frozen features never travel: every message is the trainable part only (bytes by value),
+    the frozen arrays stay as built, and the trainable result equals exchanging everything."""
+    runs = {}
+    for mode in ("trainable", "all"):
+        records = []
+        s, clients = build(setup, settings=FedStarSettings(periods=1, exchange=mode),
+                           freeze=True, on_round=records.append)
+        run(s, clients, 2)
+        runs[mode] = s, records[0]
+    s, rec = runs["trainable"]
+    names = s.array_names
+    init = get_arrays(frozen_model(setup[0]))
+    trainable = [a for n, a in zip(names, init, strict=True) if n not in FROZEN]
+    one, whole = model_bytes(trainable), model_bytes(init)
+    assert 0 < one < whole and len(trainable) == len(init) - 2
+    assert rec["bytes_down"] == N * one and rec["bytes_up"] == N * one
+    assert rec["bytes_down_xeval"] == N * N * one
+    assert rec["bytes_down_eval"] == N * 2 * one  # global + own pre-aggregate
+    assert runs["all"][1]["bytes_down_xeval"] == N * N * whole
+    for n, a, b, start in zip(names, s.global_arrays, runs["all"][0].global_arrays, init,
+                              strict=True):
+        if n in FROZEN:
+            assert np.array_equal(a, start)
+        else:
+            assert np.array_equal(a, b), n
+    assert rec["global_accuracy"] == runs["all"][1]["global_accuracy"]
+
+
+def test_p_is_each_clients_last_pre_aggregate(setup):
+    """personal: pre-aggregate: P of client k = its last pre-aggregate on its test split, G = the
+    global model (both computed here directly); personal: global gives P = G."""
+    import torch
+
+    from clients.arrays import set_arrays
+
+    cfg, fd = setup
+    records, captured = [], {}
+    s, clients = build(setup, settings=FedStarSettings(periods=1), on_round=records.append)
+    end_period = s.end_period
+    s.end_period = lambda plan, pre: (captured.update(pre), end_period(plan, pre))[1]
+    run(s, clients, 2)
+
+    def test_accuracy(pid, arrays):
+        model = make_model(cfg)
+        set_arrays(model, arrays)
+        model.eval()
+        data = fd.client(pid)
+        with torch.no_grad():
+            return int((model(data.x_test).argmax(1) == data.y_test).sum()) / len(data.y_test)
+
+    rec = records[0]
+    for k in range(N):
+        assert rec["client_personal_accuracy"][k] == pytest.approx(
+            test_accuracy(k, captured[k]), abs=1e-9)
+        assert rec["client_global_accuracy"][k] == pytest.approx(
+            test_accuracy(k, s.global_arrays), abs=1e-9)
+    assert rec["client_personal_accuracy"] != rec["client_global_accuracy"]
+    records = []
+    g, clients = build(setup, settings=FedStarSettings(periods=1, personal="global"),
+                       on_round=records.append)
+    run(g, clients, 2)
+    assert records[0]["client_personal_accuracy"] == records[0]["client_global_accuracy"]
+    assert records[0]["client_global_accuracy"] == rec["client_global_accuracy"]

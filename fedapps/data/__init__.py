@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig
 
+from fedapps.data import domains  # noqa: F401  (registers the domain-shift sources)
 from fedapps.data.datasets import (
     DATASETS,
     DatasetInfo,

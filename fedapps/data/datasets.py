@@ -167,6 +167,8 @@ class DatasetInfo:
     has_client_ids: bool = False  # the source gives every sample a natural client id
     # custom sources: (data root, download allowed) -> Pool; None = the built-in loaders
     loader: Callable[[Path, bool], Pool] | None = None
+    # custom sources: raise a one-line ConfigError when the data is missing (before any run)
+    check: Callable[[Path], None] | None = None
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -355,6 +357,8 @@ def check_available(name: str, root: Path, download: bool) -> None:
     """Raise a one-line ConfigError when the dataset is missing and may not be downloaded,
     or a BadSourceFile when a raw file is not the published one."""
     info = DATASETS[name]
+    if info.check is not None:
+        info.check(root)
     if not info.folder or info.loader is not None:
         return
     files = source_files(name, root)
