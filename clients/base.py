@@ -86,8 +86,14 @@ class BaseClient(NumPyClient):
 
     # ---- Flower API -------------------------------------------------------------------------
     def get_properties(self, config: dict[str, Any]) -> dict[str, Any]:
-        return {"partition-id": self.partition_id, "num-train": len(self.data.y_train),
+        return {"partition-id": self.partition_id, "num-train": self.train_size_bound(),
                 "num-test": len(self.data.y_test)}
+
+    def train_size_bound(self) -> int:
+        """The most a fit may declare as num_examples (the server bounds uploads by this
+        handshake answer): the train split, or the size of the set a per-round transform draws
+        (label averaging's redraw)."""
+        return int(getattr(self.base_data, "round_train_size", len(self.data.y_train)))
 
     def get_parameters(self, config: dict[str, Any]) -> list[np.ndarray]:
         return self.upload()

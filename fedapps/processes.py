@@ -24,8 +24,8 @@ import time
 from pathlib import Path
 
 
-def descendants(pid: int) -> list[int]:
-    """All live descendants of a process (Linux /proc; empty elsewhere)."""
+def child_map() -> dict[int, list[int]]:
+    """Parent pid -> child pids of every live process (one pass over /proc; empty elsewhere)."""
     children: dict[int, list[int]] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
@@ -33,6 +33,12 @@ def descendants(pid: int) -> list[int]:
             children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
         except (OSError, IndexError, ValueError):
             continue
+    return children
+
+
+def descendants(pid: int) -> list[int]:
+    """All live descendants of a process (Linux /proc; empty elsewhere)."""
+    children = child_map()
     found, todo = [], [pid]
     while todo:
         for child in children.get(todo.pop(), []):

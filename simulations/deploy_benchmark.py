@@ -25,6 +25,7 @@ from pathlib import Path
 
 from fedapps.deploy import SuperNode, run_federation
 from fedapps.launcher import run_experiment
+from fedapps.processes import child_map
 
 CLIENTAPP_MARKERS = ("flwr-clientapp", "fedapps.warm_clientapp")
 STARTUP_PROBE = """
@@ -55,18 +56,6 @@ def memory_kb(pid: int) -> tuple[int, int]:
     values = {line.split(":")[0]: int(line.split()[1]) for line in text.splitlines()[1:]
               if line.split(":")[0] in ("Rss", "Pss")}
     return values.get("Rss", 0), values.get("Pss", 0)
-
-
-def child_map() -> dict[int, list[int]]:
-    """Parent pid -> child pids of every live process (one pass over /proc)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-        except (OSError, IndexError, ValueError):
-            continue
-    return children
 
 
 def is_clientapp(pid: int) -> bool:

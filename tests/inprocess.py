@@ -55,15 +55,22 @@ class LocalProxy:
         return GetPropertiesRes(OK, self.client.get_properties({}))
 
 
-class LocalManager:
-    def __init__(self, clients: dict[int, object]) -> None:
-        self.proxies = {f"node{pid}": LocalProxy(f"node{pid}", c) for pid, c in clients.items()}
+class ProxyManager:
+    """A Flower ClientManager stand-in over given proxies (anything with a `cid`)."""
+
+    def __init__(self, proxies) -> None:
+        self.proxies = {p.cid: p for p in proxies}
 
     def wait_for(self, num_clients, timeout):
         return True
 
     def all(self):
         return dict(self.proxies)
+
+
+class LocalManager(ProxyManager):
+    def __init__(self, clients: dict[int, object]) -> None:
+        super().__init__(LocalProxy(f"node{pid}", c) for pid, c in clients.items())
 
 
 def run(strategy, clients: dict[int, object], flower_rounds: int) -> list[int]:

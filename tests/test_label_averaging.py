@@ -82,6 +82,9 @@ def test_redraw_draws_per_round_seeded_by_seed_round_and_client():
     assert torch.equal(again.round_data(again, 1).x_train, r1.x_train)
     # the base client trains on this round's draw and reports its size
     client = FedAvgClient(make_model(cfg), base, train_settings(cfg), 0)
+    # ... and declares that size at its handshake, so the server's bound on num_examples
+    # admits it (it declared the un-oversampled split before: every update was rejected)
+    assert client.get_properties({})["num-train"] == len(r1.y_train) > len(base.y_train)
     _, n, _ = client.fit(client.get_parameters({}), {"server-round": 2})
     assert n == len(r2.y_train) and torch.equal(client.data.x_train, r2.x_train)
     _, n1, _ = client.fit(client.get_parameters({}), {"server-round": 1})

@@ -12,6 +12,7 @@ from flwr.common import (
 )
 
 from strategies.fedavg import FedAvg
+from tests.inprocess import ProxyManager
 
 OK = Status(Code.OK, "")
 INIT = [np.zeros((2, 2), dtype=np.float32), np.zeros(3, dtype=np.float32)]
@@ -44,17 +45,6 @@ class FakeProxy:
             raise self.error
         return GetPropertiesRes(OK, {"partition-id": self.pid, "num-train": self.num_train,
                                      "num-test": self.num_test})
-
-
-class FakeManager:
-    def __init__(self, proxies):
-        self.proxies = {p.cid: p for p in proxies}
-
-    def wait_for(self, num_clients, timeout):
-        return True
-
-    def all(self):
-        return dict(self.proxies)
 
 
 def test_aggregate_fit_is_sample_weighted_fedavg():
@@ -136,7 +126,7 @@ def test_too_few_valid_updates_stop_the_run_with_a_reason():
 def test_clients_by_partition_asks_each_node_once_and_samples_by_seed():
     proxies = [FakeProxy(f"node{i}", pid) for i, pid in enumerate([5, 3, 0, 1, 4, 2])]
     s = make_strategy()
-    manager = FakeManager(proxies)
+    manager = ProxyManager(proxies)
     first = s.nodes.clients_by_partition(manager)
     assert sorted(first) == list(range(6))
     assert first[5].cid == "node0"
@@ -152,7 +142,7 @@ def test_clients_by_partition_asks_each_node_once_and_samples_by_seed():
 def test_configure_fit_sends_round_and_counts_bytes():
     proxies = [FakeProxy(f"n{i}", i) for i in range(6)]
     s = make_strategy()
-    ins = s.configure_fit(1, ndarrays_to_parameters(INIT), FakeManager(proxies))
+    ins = s.configure_fit(1, ndarrays_to_parameters(INIT), ProxyManager(proxies))
     assert len(ins) == 3
     assert all(fi.config["server-round"] == 1 for _, fi in ins)
     assert len({id(fi.parameters) for _, fi in ins}) == 1  # one message body, shared
@@ -166,7 +156,7 @@ def test_arrays_shared_by_several_clients_are_serialized_once(monkeypatch):
     monkeypatch.setattr(base, "ndarrays_to_parameters",
                         lambda arrays: calls.append(1) or real(arrays))
     s = make_strategy()
-    ins = s.configure_fit(1, None, FakeManager([FakeProxy(f"n{i}", i) for i in range(6)]))
+    ins = s.configure_fit(1, None, ProxyManager([FakeProxy(f"n{i}", i) for i in range(6)]))
     assert len(ins) == 3 and len(calls) == 1
     one = sum(len(t) for t in ndarrays_to_parameters(INIT).tensors)
     assert s.current.bytes_down == 3 * one
@@ -196,7 +186,7 @@ def test_round_record_has_the_contract_keys():
     s = make_strategy(eval_every=2)
     records = []
     s.on_round = records.append
-    assert s.configure_evaluate(1, None, FakeManager([])) == []  # round 1 not due: no eval
+    assert s.configure_evaluate(1, None, ProxyManager([])) == []  # round 1 not due: no eval
     rec = records[0]
     for key in ("round", "global_accuracy", "personal_accuracy", "bytes_down", "bytes_up",
                 "seconds", "fit_clients", "failures"):
@@ -235,7 +225,7 @@ def test_bad_handshakes_are_ignored_and_a_duplicate_is_not_counted_twice():
            FakeProxy("small-train", 0, num_train=10, num_test=10)]  # partition 0 has 50
     duplicate = FakeProxy("dup", 2, num_train=52, num_test=12)
     s = make_strategy(num_clients=4, partition_sizes=[(50 + i, 10 + i) for i in range(4)])
-    manager = FakeManager([*good, *bad, duplicate])
+    manager = ProxyManager([*good, *bad, duplicate])
     clients = s.nodes.clients_by_partition(manager)  # old code: the ValueError stopped the run
     assert {pid: p.cid for pid, p in clients.items()} == {0: "n0", 1: "n1", 2: "n2", 3: "n3"}
     assert sorted(s.nodes.ignored) == sorted(p.cid for p in bad[1:])
@@ -255,7 +245,7 @@ def test_bad_handshakes_are_ignored_and_a_duplicate_is_not_counted_twice():
 
 def sampled_step(s, proxies):
     """configure_fit on these nodes: the plan's partition ids and each one's proxy."""
-    s.configure_fit(1, None, FakeManager(proxies))
+    s.configure_fit(1, None, ProxyManager(proxies))
     by_pid = {p.pid: p for p in proxies}
     return [(pid, by_pid[pid]) for pid in s.current_plan.partition_ids]
 
@@ -312,7 +302,7 @@ def test_max_update_norm_rejects_a_large_change():
 def test_impossible_evaluations_are_rejected(n, correct_g, reason):
     s = make_strategy(num_clients=2)
     proxies = [FakeProxy("n0", 0, num_test=10), FakeProxy("n1", 1, num_test=30)]
-    s.nodes.clients_by_partition(FakeManager(proxies))
+    s.nodes.clients_by_partition(ProxyManager(proxies))
     bad = EvaluateRes(OK, 1.0, n, {"correct-global": correct_g, "correct-personal": 5,
                                    "partition-id": 0})
     m = s.evaluation_metrics([bad, eval_res(30, 27, 30, pid=1)],
@@ -338,10 +328,10 @@ def test_each_round_records_its_evaluated_population():
     records = []
     s.on_round = records.append
     proxies = [FakeProxy("n0", 0, num_test=10), FakeProxy("n2", 2, num_test=30)]  # 1 is down
-    s.nodes.clients_by_partition(FakeManager(proxies))
+    s.nodes.clients_by_partition(ProxyManager(proxies))
     s.open_step(1, 0, [0, 2])
     s.aggregate_fit(1, [(proxies[0], fit_res(0, client_arrays(1.0)))], [])
-    ins = s.configure_evaluate(1, None, FakeManager(proxies))
+    ins = s.configure_evaluate(1, None, ProxyManager(proxies))
     assert [p.cid for p, _ in ins] == ["n0", "n2"]
     s.aggregate_evaluate(1, [(proxies[0], eval_res(10, 4, 5, pid=0)),
                              (proxies[1], eval_res(30, 30, 30, pid=2))], [])

@@ -12,6 +12,7 @@ from flwr.server.server import fit_clients
 from fedapps.config import load_config
 from strategies.fedavg import FedAvg
 from strategies.waiting import waiting_line
+from tests.inprocess import ProxyManager
 
 OK = Status(Code.OK, "")
 INIT = [np.zeros(3, dtype=np.float32)]
@@ -35,17 +36,6 @@ class Proxy:
         return FitRes(OK, ndarrays_to_parameters(arrays), 10, {"partition-id": self.pid})
 
 
-class Manager:
-    def __init__(self, proxies):
-        self.proxies = {p.cid: p for p in proxies}
-
-    def wait_for(self, num_clients, timeout):
-        return True
-
-    def all(self):
-        return dict(self.proxies)
-
-
 def test_default_round_timeout_is_finite():
     cfg = load_config("quickstart")
     assert cfg.federation["round-timeout"] == 600
@@ -63,7 +53,7 @@ def test_a_hung_client_is_reported_while_flower_waits_and_the_reports_stop_after
     and no line follows once the answers reached the strategy."""
     strategy = FedAvg(initial_arrays=INIT, num_rounds=2, num_clients=3, clients_per_round=3,
                       seed=0, min_fit_fraction=0.5, round_timeout=1.5, wait_report_seconds=0.3)
-    manager = Manager([Proxy(0), Proxy(1), Proxy(2, hung=True)])
+    manager = ProxyManager([Proxy(0), Proxy(1), Proxy(2, hung=True)])
     flwr_logger = logging.getLogger("flwr")
     lines: list[str] = []
     handler = logging.Handler()

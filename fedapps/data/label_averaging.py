@@ -69,4 +69,9 @@ def transform(ctx: TransformContext, data: ClientData) -> ClientData:
         """This round's draw on the client's train set (the base client calls it per fit)."""
         return extended(current, targets, ctx.rng(server_round))
 
-    return data.replace(extras={**info, "round_data": round_data, "n_oversampled": 0})
+    # every round's draw has this size: what the client declares at its handshake, so the
+    # server's bound on num_examples admits the oversampled rounds
+    counts = np.bincount(data.y_train.cpu().numpy(), minlength=len(targets))
+    added = sum(int(t - n) for n, t in zip(counts, targets, strict=True) if 0 < n < t)
+    return data.replace(extras={**info, "round_data": round_data, "n_oversampled": 0,
+                                "round_train_size": len(data.y_train) + added})
