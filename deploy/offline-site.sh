@@ -9,6 +9,8 @@
 #   # on the target, in the repository root, with OUT_DIR copied beside it:
 #   source deploy/offline-site.sh --activate OUT_DIR/site.tar.xz
 #
+# The tarball is 35 MB: with a dataset beside it (FMNIST's .gz files: 30 MB) it may exceed a
+# transfer limit of 64 MiB; send them in two steps (the site stays in /tmp/fedapps-site).
 # Measured with it (2026-11-23, one H100, 16 cores): docs/RESULTS.md, "on one H100".
 set -euo pipefail
 if [ "${1:-}" = "--activate" ]; then
