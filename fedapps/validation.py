@@ -16,6 +16,7 @@ from fedapps.config import load_config
 from fedapps.errors import ConfigError
 from fedapps.models import IMAGE_MODELS, MODELS, PRETRAINED_MODELS, fc_depth
 from fedapps.paths import data_root
+from fedapps.pretrained import check_vgg19_weights
 from fedapps.registry import ALGORITHMS, algo_settings
 from fedapps.settings import as_dict
 from strategies.server_opt import validate_server_settings
@@ -159,3 +160,5 @@ def validate(cfg: DictConfig, check_data: bool = True) -> None:
 
     if check_data:
         fdata.check_available(dataset, data_root(cfg), bool(cfg.data.download))
+        if pretrained:  # the weights are data too: present and the published file
+            check_vgg19_weights()

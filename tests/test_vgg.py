@@ -50,14 +50,26 @@ def test_vgg19_cifar_head_trains_and_the_convs_do_not_move():
     assert not any(k.startswith(("base.2.", "head.")) for k in frozen_names(model))
 
 
-def test_imagenet_weights_come_from_the_local_file(tmp_path, monkeypatch):
-    path = tmp_path / pretrained.VGG19_FILE
-    monkeypatch.setattr(pretrained, "vgg19_weights_path", lambda: path)
-    with pytest.warns(UserWarning, match="no ImageNet weights at .*random initialization"):
-        assert not pretrained.load_vgg19_features(vgg19_features())
+def test_imagenet_weights_come_from_the_local_file_and_must_be_the_published_one(
+        tmp_path, monkeypatch):
+    """Missing, or not the file its name's SHA-256 prefix promises: one-line ConfigError (a
+    pretrained run never starts from random or foreign weights); the right file loads."""
+    import hashlib
+
+    missing = tmp_path / pretrained.VGG19_FILE
+    with pytest.raises(ConfigError, match="no ImageNet weights at .*model.pretrained=false"):
+        pretrained.check_vgg19_weights(missing)
     source = vgg19_features()
+    blob = tmp_path / "blob.pth"
     torch.save({**{f"features.{k}": v for k, v in source.state_dict().items()},
-                "classifier.0.weight": torch.zeros(2, 2)}, path)
+                "classifier.0.weight": torch.zeros(2, 2)}, blob)
+    blob.rename(missing)  # named vgg19-dcbb9e9d.pth, but not torchvision's bytes
+    with pytest.raises(ConfigError, match="has SHA-256 .* not the published dcbb9e9d") as err:
+        pretrained.check_vgg19_weights(missing)
+    assert "\n" not in str(err.value)
+    good = tmp_path / f"vgg19-{hashlib.sha256(missing.read_bytes()).hexdigest()[:8]}.pth"
+    missing.rename(good)
+    monkeypatch.setattr(pretrained, "vgg19_weights_path", lambda: good)
     model = build_model("vgg19-cifar", (3, 32, 32), 10, 3, pretrained=True)
     for k, v in source.state_dict().items():
         assert torch.equal(model.base[0].state_dict()[k], v)
