@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig
 
-from fedapps.data import domains  # noqa: F401  (registers the domain-shift sources)
+from fedapps.data import domains, iot  # noqa: F401  (register the domain-shift and IoT sources)
 from fedapps.data.datasets import (
     DATASETS,
     DatasetInfo,

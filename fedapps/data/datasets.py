@@ -169,6 +169,7 @@ class DatasetInfo:
     loader: Callable[[Path, bool], Pool] | None = None
     # custom sources: raise a one-line ConfigError when the data is missing (before any run)
     check: Callable[[Path], None] | None = None
+    vocab_size: int | None = None  # token-id sources: size of the embedding table the model needs
 
     @property
     def input_shape(self) -> tuple[int, ...]:

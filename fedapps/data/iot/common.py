@@ -1,0 +1,66 @@
+"""What every IoT loader shares: the missing-data error, a cache keyed by the raw files, and
+an optional download of a public archive."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import urllib.request
+import zipfile
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import numpy as np
+
+from fedapps.data.datasets import cache_dir
+from fedapps.errors import ConfigError
+
+
+def missing(name: str, root: Path, layout: str, where: str) -> ConfigError:
+    """The one-line error for a dataset that is not under the data root."""
+    return ConfigError(f"data.data-root={str(root)!r}: dataset {name} not found (expected "
+                       f"{root}/{layout}); get it from {where}")
+
+
+def require(name: str, root: Path, paths: Iterable[str], layout: str, where: str) -> None:
+    """Raise `missing(...)` unless every path (relative to the data root) exists."""
+    if not all((root / p).exists() for p in paths):
+        raise missing(name, root, layout, where)
+
+
+def files_identity(files: Iterable[Path], extra: object = None) -> str:
+    """Names, sizes and mtimes of the raw files (plus any preprocessing parameters): a copy
+    that changes on disk, or a change of parameters, never meets arrays cached for another."""
+    listing = [[str(f), f.stat().st_size, f.stat().st_mtime_ns] for f in sorted(files)]
+    blob = json.dumps([listing, extra], sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def cached_arrays(name: str, identity: str,
+                  make: Callable[[], dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """`make()` once per identity, then read back from `<cache>/iot/<name>-<identity>.npz`
+    (allow_pickle=False: only plain arrays, never objects)."""
+    path = cache_dir() / "iot" / f"{name}-{identity}.npz"
+    if path.is_file():
+        with np.load(path, allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
+    arrays = make()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp.npz")
+    np.savez(tmp, **arrays)
+    tmp.replace(path)
+    return arrays
+
+
+def download_zip(url: str, dest: Path) -> None:
+    """Fetch a public zip archive and unpack it into `dest` (only with data.download=true)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    archive = dest / Path(url).name
+    tmp = archive.with_suffix(".part")
+    with urllib.request.urlopen(url, timeout=60) as response, open(tmp, "wb") as out:
+        shutil.copyfileobj(response, out)
+    tmp.replace(archive)
+    with zipfile.ZipFile(archive) as z:
+        z.extractall(dest)
