@@ -13,22 +13,12 @@ import torch
 from torch import nn
 
 from clients.arrays import get_arrays, set_arrays
+from fedapps.iot_models import IOT_INPUT_RANKS, IOT_MODELS, TOKEN_MODELS
 from fedapps.pretrained import load_vgg19_features
+from fedapps.splitnet import SplitNet, layered
 
-__all__ = ["IMAGE_MODELS", "MODELS", "PRETRAINED_MODELS", "SplitNet", "build_model",
-           "fc_depth", "frozen_names", "get_arrays", "set_arrays"]
-
-
-class SplitNet(nn.Module):
-    """forward(x) = head(base(x)); state_dict keys start with 'base.' or 'head.'."""
-
-    def __init__(self, base: nn.Module, head: nn.Module) -> None:
-        super().__init__()
-        self.base = base
-        self.head = head
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.base(x))
+__all__ = ["IMAGE_MODELS", "IOT_INPUT_RANKS", "MODELS", "PRETRAINED_MODELS", "SplitNet",
+           "build_model", "fc_depth", "frozen_names", "get_arrays", "set_arrays"]
 
 
 def _fc_stack(dims: list[int], final_relu: bool) -> list[nn.Module]:
@@ -73,16 +63,6 @@ def digits_cnn(in_shape: tuple[int, int, int], num_classes: int, head_depth: int
     return _split(features, in_shape, [128, 64], num_classes, head_depth)
 
 
-def _layered(features: nn.Module, fc_blocks: list[nn.Module], head_depth: int) -> SplitNet:
-    """A SplitNet from hand-written FC blocks (each an FC layer with what follows it): the last
-    `head_depth` blocks form the head. For models whose FC stack is not plain Linear-ReLU."""
-    if not 1 <= head_depth <= len(fc_blocks):
-        raise ValueError(f"head depth {head_depth} outside 1..{len(fc_blocks)}")
-    cut = len(fc_blocks) - head_depth
-    return SplitNet(nn.Sequential(features, nn.Flatten(), *fc_blocks[:cut]),
-                    nn.Sequential(*fc_blocks[cut:]))
-
-
 def _flat_size(features: nn.Module, in_shape: tuple[int, ...]) -> int:
     """Features per sample, probed in eval mode so BatchNorm's running statistics stay at
     their initial values."""
@@ -103,7 +83,7 @@ def thesis_mnist_cnn(in_shape: tuple[int, int, int], num_classes: int,
         nn.Conv2d(in_shape[0], 10, 5), nn.MaxPool2d(2), nn.ReLU(),
         nn.Conv2d(10, 20, 5), nn.Dropout2d(), nn.MaxPool2d(2), nn.ReLU())
     flat = _flat_size(features, in_shape)
-    return _layered(features, [nn.Sequential(nn.Linear(flat, 50), nn.ReLU(), nn.Dropout()),
+    return layered(features, [nn.Sequential(nn.Linear(flat, 50), nn.ReLU(), nn.Dropout()),
                                nn.Linear(50, num_classes)], head_depth)
 
 
@@ -116,7 +96,7 @@ def thesis_fmnist_cnn(in_shape: tuple[int, int, int], num_classes: int,
     features = nn.Sequential(
         nn.Conv2d(in_shape[0], 16, 5, padding=2), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
         nn.Conv2d(16, 32, 5, padding=2), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2))
-    return _layered(features, [nn.Linear(_flat_size(features, in_shape), num_classes)],
+    return layered(features, [nn.Linear(_flat_size(features, in_shape), num_classes)],
                     head_depth)
 
 
@@ -135,7 +115,7 @@ def thesis_cifar10_cnn(in_shape: tuple[int, int, int], num_classes: int,
         layers.append(nn.MaxPool2d(2))
     features = nn.Sequential(*layers)
     flat = _flat_size(features, in_shape)
-    return _layered(features, [nn.Linear(flat, 128),
+    return layered(features, [nn.Linear(flat, 128),
                                nn.Sequential(nn.Linear(128, num_classes), nn.Softmax(dim=1))],
                     head_depth)
 
@@ -219,6 +199,7 @@ MODELS: dict[str, tuple[Callable[..., SplitNet], int]] = {
     "thesis-cifar10-cnn": (thesis_cifar10_cnn, 2),
     "vgg19": (vgg19, 3),
     "vgg19-cifar": (vgg19_cifar, 3),
+    **IOT_MODELS,  # seed 004 FedAIoT (fedapps/iot_models.py)
 }
 
 
@@ -232,9 +213,13 @@ def fc_depth(name: str) -> int:
     return MODELS[name][1]
 
 
-def build_model(name: str, in_shape: tuple[int, int, int], num_classes: int,
+def build_model(name: str, in_shape: tuple[int, ...], num_classes: int,
                 head_depth: int, pretrained: bool = False,
-                freeze_features: bool = True) -> SplitNet:
+                freeze_features: bool = True, vocab_size: int | None = None) -> SplitNet:
+    if name in TOKEN_MODELS:
+        if vocab_size is None:
+            raise ValueError(f"model {name} embeds token ids: it needs the dataset's vocab_size")
+        return MODELS[name][0](in_shape, num_classes, head_depth, vocab_size=vocab_size)
     if name in PRETRAINED_MODELS:
         return MODELS[name][0](in_shape, num_classes, head_depth, pretrained=pretrained,
                                freeze_features=freeze_features)

@@ -53,7 +53,8 @@ def make_model(cfg: DictConfig) -> SplitNet:
     outputs = info.num_classes or 1  # a regression model predicts one standardized value
     return build_model(cfg.model.name, info.shape, outputs, int(cfg.model["head-depth"]),
                        pretrained=bool(cfg.model.get("pretrained", False)),
-                       freeze_features=bool(cfg.model.get("freeze-features", True)))
+                       freeze_features=bool(cfg.model.get("freeze-features", True)),
+                       vocab_size=info.vocab_size)
 
 
 @dataclass(frozen=True)

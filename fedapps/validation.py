@@ -14,7 +14,8 @@ from omegaconf import DictConfig, OmegaConf
 from fedapps import data as fdata
 from fedapps.config import load_config
 from fedapps.errors import ConfigError
-from fedapps.models import IMAGE_MODELS, MODELS, PRETRAINED_MODELS, fc_depth
+from fedapps.iot_models import TOKEN_MODELS
+from fedapps.models import IMAGE_MODELS, IOT_INPUT_RANKS, MODELS, PRETRAINED_MODELS, fc_depth
 from fedapps.paths import data_root
 from fedapps.pretrained import check_vgg19_weights
 from fedapps.registry import ALGORITHMS, algo_settings
@@ -116,6 +117,13 @@ def validate(cfg: DictConfig, check_data: bool = True) -> None:
     _require(model not in IMAGE_MODELS or len(shape) == 3, "model.name", model,
              f"a convolutional model needs [C, H, W] inputs; {dataset} gives {list(shape)} "
              "(use mlp)")
+    rank = IOT_INPUT_RANKS.get(model, len(shape))
+    _require(len(shape) == rank, "model.name", model,
+             f"takes {rank}-d samples; {dataset} gives {list(shape)}")
+    vocab = fdata.DATASETS[dataset].vocab_size
+    _require((model in TOKEN_MODELS) == (vocab is not None), "model.name", model,
+             f"{dataset} gives token ids (vocabulary {vocab}): use {', '.join(TOKEN_MODELS)}"
+             if vocab is not None else f"embeds token ids; {dataset} has no vocabulary")
     pretrained = cfg.model.get("pretrained", False)
     _require(isinstance(pretrained, bool), "model.pretrained", pretrained,
              "must be true or false")
