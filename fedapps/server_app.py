@@ -58,9 +58,13 @@ def official_test_eval(cfg, data):
     return evaluate
 
 
-def server_optimizer(cfg) -> ServerOptimizer | None:
-    """The configured server optimizer, or None for plain averaging (server.optimizer=none)."""
-    opt = from_settings(cfg.server)
+def server_optimizer(cfg, model) -> ServerOptimizer | None:
+    """The configured server optimizer, or None for plain averaging (server.optimizer=none).
+    Its parameter mask marks which of the model's state entries are parameters (the rest are
+    buffers, which `server.step-buffers: false` leaves at the aggregate)."""
+    params = {name for name, _ in model.named_parameters()}
+    mask = [name in params for name in model.state_dict()]
+    opt = from_settings(cfg.server, parameter_mask=mask)
     return None if opt.is_identity else opt
 
 
@@ -112,7 +116,7 @@ def server_fn(context: Context) -> ServerAppComponents:
         on_too_few=str(fed["on-too-few"]),
         on_stop=writer.stop,
         task=dataset_task(cfg),
-        server_optimizer=server_optimizer(cfg),
+        server_optimizer=server_optimizer(cfg, model),
         round_timeout=timeout,
         partition_sizes=list(zip(partition["train_sizes"], partition["test_sizes"],
                                  strict=True)),

@@ -15,6 +15,11 @@ Delta_t), g = x - a = -Delta (pseudo-gradient), eta = `lr`, all operations eleme
     adam     m = b1 m + (1 - b1) Delta;  v = b2 v + (1 - b2) Delta^2;
              x' = x + eta_r * m / (sqrt(v) + tau),
              eta_r = eta * sqrt(1 - b2^(r+1)) / (1 - b1^(r+1)),  r = server round (1, 2, ...)
+    torch-adam  torch.optim.Adam on the pseudo-gradient g (the FedAIoT reference's FedOPT,
+             aggregators/base.py: `param.grad = old - average`, then `optimizer.step()`):
+             m = b1 m + (1 - b1) Delta;  v = b2 v + (1 - b2) Delta^2;  t = steps taken (1, 2...);
+             x' = x + eta / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + tau)
+             (torch's defaults: b2 0.999, tau = eps 1e-8, eta 1e-3)
 
 m and v start at zero. These are the update rules of Flower's FedAvgM, FedAdagrad, FedYogi and
 FedAdam (flwr 1.41), which the tests compare against. Where they differ from the paper's
@@ -47,13 +52,18 @@ from typing import Any
 
 import numpy as np
 
-NAMES = ("none", "sgd", "adam", "yogi", "adagrad")
+NAMES = ("none", "sgd", "adam", "yogi", "adagrad", "torch-adam")
 
-# The `server:` block of conf/defaults.yaml. lr None -> DEFAULT_LR[optimizer].
+# The `server:` block of conf/defaults.yaml. lr, beta2, tau None -> the optimizer's default.
+# step-buffers false: arrays that are not parameters (BatchNorm running statistics) take the
+# aggregate instead of a step, as the FedAIoT reference's torch optimizer does.
 DEFAULTS: dict[str, Any] = {"optimizer": "none", "lr": None, "momentum": 0.0, "beta1": 0.9,
-                            "beta2": 0.99, "tau": 1e-3}
-# Flower's defaults: FedAvgM server_learning_rate, FedAdam/FedAdagrad/FedYogi eta.
-DEFAULT_LR = {"none": 1.0, "sgd": 1.0, "adam": 0.1, "adagrad": 0.1, "yogi": 0.01}
+                            "beta2": None, "tau": None, "step-buffers": True}
+# Flower's defaults: FedAvgM server_learning_rate, FedAdam/FedAdagrad/FedYogi eta; torch's Adam.
+DEFAULT_LR = {"none": 1.0, "sgd": 1.0, "adam": 0.1, "adagrad": 0.1, "yogi": 0.01,
+              "torch-adam": 1e-3}
+DEFAULT_BETA2 = {"torch-adam": 0.999}  # else 0.99 (Flower)
+DEFAULT_TAU = {"torch-adam": 1e-8}  # else 1e-3
 
 # keys in state_arrays(): no "__" (fedapps.checkpoint splits on it)
 STEP_KEY, M_KEY, V_KEY = "server_opt_step", "server_opt_m", "server_opt_v"
@@ -84,32 +94,45 @@ def validate_server_settings(mapping: Mapping[str, Any]) -> None:
         _check("lr", s["lr"], _number("lr", s["lr"]) > 0,
                "must be > 0 (or null for the optimizer's default)")
     for key in ("momentum", "beta1", "beta2"):
-        _check(key, s[key], 0 <= _number(key, s[key]) < 1, "must be in [0, 1)")
-    _check("tau", s["tau"], _number("tau", s["tau"]) > 0, "must be > 0")
+        if s[key] is not None:
+            _check(key, s[key], 0 <= _number(key, s[key]) < 1, "must be in [0, 1) or null")
+    if s["tau"] is not None:
+        _check("tau", s["tau"], _number("tau", s["tau"]) > 0, "must be > 0 or null")
+    _check("step-buffers", s["step-buffers"], isinstance(s["step-buffers"], bool),
+           "must be true or false")
 
 
-def from_settings(mapping: Mapping[str, Any] | None = None) -> ServerOptimizer:
-    """A ServerOptimizer from a validated-here `server:` mapping (e.g. cfg.server)."""
+def from_settings(mapping: Mapping[str, Any] | None = None,
+                  parameter_mask: Sequence[bool] | None = None) -> ServerOptimizer:
+    """A ServerOptimizer from a validated-here `server:` mapping (e.g. cfg.server).
+    `parameter_mask` (True for a model parameter, False for a buffer, in array order) is used
+    only with `step-buffers: false`."""
     mapping = dict(mapping or {})
     validate_server_settings(mapping)
     s = {**DEFAULTS, **mapping}
+    stepped = None if s["step-buffers"] else parameter_mask
+    if not s["step-buffers"] and parameter_mask is None:
+        raise ValueError("server.step-buffers=false: the model's parameter mask is needed")
     return ServerOptimizer(str(s["optimizer"]), lr=s["lr"], momentum=s["momentum"],
-                           beta1=s["beta1"], beta2=s["beta2"], tau=s["tau"])
+                           beta1=s["beta1"], beta2=s["beta2"], tau=s["tau"], stepped=stepped)
 
 
 class ServerOptimizer:
     """Server-side optimizer state and step (see the module docstring for the rules)."""
 
     def __init__(self, name: str = "none", lr: float | None = None, momentum: float = 0.0,
-                 beta1: float = 0.9, beta2: float = 0.99, tau: float = 1e-3) -> None:
+                 beta1: float = 0.9, beta2: float | None = None, tau: float | None = None,
+                 stepped: Sequence[bool] | None = None) -> None:
         validate_server_settings({"optimizer": name, "lr": lr, "momentum": momentum,
                                   "beta1": beta1, "beta2": beta2, "tau": tau})
         self.name = name
         self.lr = DEFAULT_LR[name] if lr is None else float(lr)
         self.momentum = float(momentum)
         self.beta1 = float(beta1)
-        self.beta2 = float(beta2)
-        self.tau = float(tau)
+        self.beta2 = DEFAULT_BETA2.get(name, 0.99) if beta2 is None else float(beta2)
+        self.tau = DEFAULT_TAU.get(name, 1e-3) if tau is None else float(tau)
+        # which arrays are stepped (None: every floating one); the others take the aggregate
+        self.stepped = None if stepped is None else [bool(b) for b in stepped]
         self.steps = 0  # steps taken (restored by load_state_arrays)
         self.m: list[np.ndarray] | None = None  # first moment / momentum buffer (float64)
         self.v: list[np.ndarray] | None = None  # second moment (float64)
@@ -145,6 +168,11 @@ class ServerOptimizer:
         if self.is_identity:
             return list(aggregated)
         floating = [np.issubdtype(np.asarray(a).dtype, np.floating) for a in aggregated]
+        if self.stepped is not None:
+            if len(self.stepped) != len(aggregated):
+                raise ValueError(f"server optimizer: parameter mask of {len(self.stepped)} "
+                                 f"arrays for {len(aggregated)} aggregated arrays")
+            floating = [f and s for f, s in zip(floating, self.stepped, strict=True)]
         x64 = [np.asarray(x, dtype=np.float64) for x in current]
         # integer arrays: zero change, so their m and v stay 0 (their output is the aggregate)
         a64 = [np.asarray(a, dtype=np.float64) if fl else x
@@ -190,6 +218,11 @@ class ServerOptimizer:
         else:
             self.v = [b2 * vi + (1.0 - b2) * d * d for vi, d in zip(v, delta, strict=True)]
         eta = self.lr
+        if self.name == "torch-adam":  # torch.optim.Adam: bias corrections at its own step t
+            t = self.steps
+            root_bc2 = math.sqrt(1.0 - b2 ** t)
+            return [xi + eta / (1.0 - b1 ** t) * mi / (np.sqrt(vi) / root_bc2 + self.tau)
+                    for xi, mi, vi in zip(x, self.m, self.v, strict=True)]
         if self.name == "adam":  # Flower's bias-corrected step size, exponent server_round + 1
             eta = self.lr * math.sqrt(1.0 - b2 ** (r + 1)) / (1.0 - self.beta1 ** (r + 1))
         return [xi + eta * mi / (np.sqrt(vi) + self.tau)

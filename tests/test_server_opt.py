@@ -342,3 +342,47 @@ def test_defaults_yaml_server_block_is_valid():
     block = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "defaults.yaml").server)
     validate_server_settings(block)
     assert from_settings(block).is_identity
+
+
+# ---- torch-adam: the FedAIoT reference's FedOPT ------------------------------------------------
+
+def test_torch_adam_is_torch_optim_adam_on_the_pseudo_gradient() -> None:
+    """Three rounds against torch.optim.Adam stepping `grad = old - average` (the FedAIoT
+    reference's aggregators/base.py), with torch's defaults (betas 0.9/0.999, eps 1e-8)."""
+    import torch
+
+    rng = np.random.default_rng(3)
+    x0 = [rng.normal(size=(3, 2)), rng.normal(size=4)]
+    params = [torch.nn.Parameter(torch.tensor(a, dtype=torch.float64)) for a in x0]
+    reference = torch.optim.Adam(params, lr=0.01)
+    ours = ServerOptimizer("torch-adam", lr=0.01)
+    assert (ours.beta2, ours.tau) == (0.999, 1e-8)
+    x = [a.copy() for a in x0]
+    for r in range(1, 4):
+        aggregate = [a + rng.normal(scale=0.1, size=a.shape) for a in x]
+        for p, a in zip(params, aggregate, strict=True):
+            p.grad = p.detach() - torch.tensor(a)
+        reference.step()
+        x = ours.step(x, aggregate, server_round=r + 5)  # its own step count, not the round
+        for p, a in zip(params, x, strict=True):
+            np.testing.assert_allclose(a, p.detach().numpy(), rtol=1e-12, atol=1e-14)
+    # Flower's adam differs (bias correction at server_round + 1, eps outside the correction)
+    flower = ServerOptimizer("adam", lr=0.01, beta2=0.999, tau=1e-8)
+    (f1,) = flower.step([x0[1]], [x0[1] + 0.1], server_round=1)
+    (t1,) = ServerOptimizer("torch-adam", lr=0.01).step([x0[1]], [x0[1] + 0.1])
+    assert not np.allclose(f1, t1)
+    np.testing.assert_allclose(t1, x0[1] + 0.01, rtol=0, atol=1e-9)  # Adam's first step: lr
+
+
+def test_step_buffers_false_leaves_non_parameters_at_the_aggregate() -> None:
+    opt = from_settings({"optimizer": "torch-adam", "lr": 0.5, "step-buffers": False},
+                        parameter_mask=[True, False])
+    x = [np.zeros(2), np.zeros(2)]
+    agg = [np.array([1.0, -1.0]), np.array([3.0, 4.0])]
+    new = opt.step(x, agg)
+    np.testing.assert_allclose(new[0], [0.5, -0.5], atol=1e-7)  # stepped: lr * sign(Delta)
+    np.testing.assert_array_equal(new[1], agg[1])  # a buffer: the average itself
+    with pytest.raises(ValueError, match="parameter mask of 2 arrays for 3"):
+        opt.step(x + [np.zeros(1)], agg + [np.zeros(1)])
+    with pytest.raises(ValueError, match="server.step-buffers=1: must be true or false"):
+        validate_server_settings({"step-buffers": 1})
