@@ -184,9 +184,12 @@ def _report(status: str, out: Path) -> int:
 
     emd = summary.get("emd")
     skew = f", EMD {emd:.3f}" if emd is not None else ""
+    official = "" if summary.get(f"best_official_test_{metric}") is None else \
+        (f", official test best {show('best_official_test')}"
+         f" final {show('final_official_test')}")
     print(f"fedapps: done in {summary['wall_seconds']:.0f}s. best G {show('best_global')}"
           f", best P {show('best_personal')}, final G {show('final_global')}"
-          f", final P {show('final_personal')}{skew}")
+          f", final P {show('final_personal')}{official}{skew}")
     print(f"fedapps: results in {out} (results.json, metrics.csv, config.yaml, {metric}.png)")
     return 0
 

@@ -58,6 +58,13 @@ def official_test_eval(cfg, data):
     return evaluate
 
 
+def official_test_wanted(cfg) -> bool:
+    """eval.official-test, or (null) the algorithm's own choice (model-heterogeneous methods
+    evaluate the full global model there)."""
+    forced = cfg.eval.get("official-test")
+    return ALGORITHMS[cfg.algorithm].official_test if forced is None else bool(forced)
+
+
 def server_optimizer(cfg, model) -> ServerOptimizer | None:
     """The configured server optimizer, or None for plain averaging (server.optimizer=none).
     Its parameter mask marks which of the model's state entries are parameters (the rest are
@@ -112,7 +119,8 @@ def server_fn(context: Context) -> ServerAppComponents:
         eval_every=int(cfg.eval["eval-every"]),
         eval_fraction=float(cfg.eval.fraction),
         algo=algo_settings(cfg),
-        central_eval=official_test_eval(cfg, data) if spec.official_test else None,
+        central_eval=official_test_eval(cfg, data) if official_test_wanted(cfg) else None,
+        client_eval=float(cfg.data["test-fraction"]) > 0,
         on_too_few=str(fed["on-too-few"]),
         on_stop=writer.stop,
         task=dataset_task(cfg),

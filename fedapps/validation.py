@@ -92,7 +92,16 @@ def validate(cfg: DictConfig, check_data: bool = True) -> None:
     fdata.validate_partition_settings(cfg)
     fdata.validate_transform_settings(cfg, ALGORITHMS[cfg.algorithm].transforms)
     tf = _number(cfg, "data.test-fraction")
-    _require(0 < tf < 1, "data.test-fraction", tf, "must be in (0, 1)")
+    official = cfg.eval.get("official-test")
+    _require(official is None or isinstance(official, bool), "eval.official-test", official,
+             "must be true, false or null")
+    _require(0 <= tf < 1, "data.test-fraction", tf, "must be in [0, 1)")
+    _require(tf > 0 or official is True, "data.test-fraction", tf,
+             "0 leaves clients no local test split: set eval.official-test=true (the global "
+             "model is then evaluated on the official test split only)")
+    _require(official is not True or cfg.data.pool == "official", "eval.official-test",
+             official, "needs data.pool=official (with the merged pool the official test "
+                       "samples are in the clients' training data)")
 
     n = _integer(cfg, "federation.num-clients", 1)
     frac = _number(cfg, "federation.fraction-fit")

@@ -95,6 +95,7 @@ class BaseStrategy(Strategy):
         wait_report_seconds: float = WAIT_REPORT_SECONDS,
         partition_sizes: Sequence[tuple[int, int]] | None = None,
         max_update_norm: float | None = None,
+        client_eval: bool = True,
     ) -> None:
         super().__init__()
         self.global_arrays = [np.asarray(a) for a in initial_arrays]
@@ -107,6 +108,9 @@ class BaseStrategy(Strategy):
         self.min_fit_fraction = min_fit_fraction
         self.eval_every = eval_every
         self.eval_fraction = eval_fraction
+        # False when clients hold no local test split (data.test-fraction 0, FedAIoT's
+        # centralized test, seed 004 B13): the round is recorded after the server's evaluation
+        self.client_eval = client_eval
         self.algo = algo if algo is not None else AlgoSettings()  # typed algo.* keys
         self.on_round = on_round
         self.on_checkpoint = on_checkpoint
@@ -355,7 +359,7 @@ class BaseStrategy(Strategy):
         r, step = self.position(server_round)
         if not self.is_last(r, step):
             return []
-        if not self.eval_due(r):
+        if not self.eval_due(r) or not self.client_eval:
             self.finish_round(r, {})
             return []
         clients = self.nodes.clients_by_partition(client_manager)

@@ -114,8 +114,10 @@ def progress_line(record: dict[str, Any], num_rounds: int, eta_seconds: float,
     g, p = record.get(f"global_{metric}"), record.get(f"personal_{metric}")
     partial = "" if record.get("eval_complete", True) else \
         f" (partial: {record['eval_clients']}/{record['eval_expected']} clients)"
+    official = record.get(f"official_test_{metric}")
+    test = "" if official is None else f"  official test {format_metric(official, metric)}"
     return (f"[fedapps] round {record['round']}/{num_rounds}{step_part}  "
-            f"G {format_metric(g, metric)}  P {format_metric(p, metric)}{partial}  "
+            f"G {format_metric(g, metric)}  P {format_metric(p, metric)}{partial}{test}  "
             f"fit {sent - record['failures']}/{sent}  failures {record['failures']}  "
             f"{record['seconds']:.1f}s  ETA {eta_seconds:.0f}s")
 
