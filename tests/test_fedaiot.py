@@ -18,5 +18,5 @@ def test_clients_without_a_local_test_split_need_the_official_test() -> None:
         validate(load_config("quickstart", base), check_data=False)
     with pytest.raises(ConfigError, match="eval.official-test=True: needs data.pool=official"):
         validate(load_config("quickstart", ["eval.official-test=true"]), check_data=False)
-    with pytest.raises(ConfigError, match="eval.official-test='yes': must be true, false"):
-        validate(load_config("quickstart", ["eval.official-test=yes"]), check_data=False)
+    with pytest.raises(ConfigError, match="eval.official-test=2: must be true, false"):
+        validate(load_config("quickstart", ["eval.official-test=2"]), check_data=False)
