@@ -17,6 +17,7 @@ from __future__ import annotations
 import glob
 import itertools
 import json
+import math
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -66,6 +67,8 @@ class Grid:
     overrides: list[str] = field(default_factory=list)  # for every cell (the table's setting)
     variants: dict[str, list[str]] = field(default_factory=dict)  # values of the axis `variant`
     exclude: list[str] = field(default_factory=list)  # labels of cells not to run
+    # extra columns: the best metric within the first share of the rounds (seed 004 Table 2.4)
+    budgets: list[float] = field(default_factory=list)
 
     def cells(self) -> list[dict[str, Any]]:
         keys = list(self.axes)
@@ -108,7 +111,11 @@ def load_grid(name: str) -> Grid:
                     [str(x) for x in raw.get("overrides") or []],
                     {str(k): [str(x) for x in v or []]
                      for k, v in (raw.get("variants") or {}).items()},
-                    [str(x) for x in raw.get("exclude") or []])
+                    [str(x) for x in raw.get("exclude") or []],
+                    [float(b) for b in raw.get("budgets") or []])
+        if any(not 0 < b <= 1 for b in grid.budgets):
+            raise ConfigError(f"grid {name}: budgets {grid.budgets} must be shares of the "
+                              "rounds in (0, 1]")
         unknown = sorted(str(v) for v in grid.axes.get(VARIANT, []) if str(v) not in grid.variants)
         if unknown:
             raise ConfigError(f"grid {name}: variant {', '.join(unknown)} not under variants:; "
@@ -239,6 +246,17 @@ def collect(grid: Grid, out_root: Path) -> dict[str, list[dict[str, Any]]]:
     return by_cell
 
 
+def best_within(doc: dict[str, Any], metric: str, share: float) -> float | None:
+    """The best metric over the first ceil(share x rounds) rounds of a run: the official test
+    split's where the run has one (FedAIoT's centralized test), else G."""
+    rounds = doc.get("rounds", [])
+    budget = math.ceil(share * len(rounds) - 1e-9)  # tabulated runs are complete
+    key = f"official_test_{metric}" if any(r.get(f"official_test_{metric}") is not None
+                                          for r in rounds) else f"global_{metric}"
+    vals = [r[key] for r in rounds if r["round"] <= budget and r.get(key) is not None]
+    return max(vals) if vals else None
+
+
 def table(by_cell: dict[str, list[dict[str, Any]]], grid: Grid) -> str:
     """Markdown: mean +- sample std of best/final G and P (%) per cell, beside the paper's G and P,
     and the mean wall-clock minutes per run (what a grid costs on the machine that ran it).
@@ -250,12 +268,22 @@ def table(by_cell: dict[str, list[dict[str, Any]]], grid: Grid) -> str:
     metric = run_metric(by_cell)
     metrics = columns(metric, any(f"best_official_test_{metric}" in d["summary"]
                                   for docs in by_cell.values() for d in docs))
-    lines = [f"| cell | seeds | {' | '.join(name for _, name, _ in metrics)} | paper G | paper P |"
-             " min/run |", "|" + " --- |" * (len(metrics) + 5)]
+    scale = 100.0 if metric == "accuracy" else 1.0
+    metrics += [(f"@{share:g}", f"best within {100 * share:g}% of rounds", scale)
+                for share in grid.budgets]
+    extra = {k for ref in grid.reference.values() for k in ref} - {"G", "P"}
+    paper_keys = ["G", "P", *sorted(extra)]
+    lines = [f"| cell | seeds | {' | '.join(name for _, name, _ in metrics)} | "
+             f"{' | '.join(f'paper {k}' for k in paper_keys)} | min/run |",
+             "|" + " --- |" * (len(metrics) + len(paper_keys) + 3)]
     for label, docs in by_cell.items():
         cells = []
         for key, _, scale in metrics:
-            vals = [d["summary"][key] for d in docs if d["summary"].get(key) is not None]
+            if key.startswith("@"):
+                got = [best_within(d, metric, float(key[1:])) for d in docs]
+                vals = [v for v in got if v is not None]
+            else:
+                vals = [d["summary"][key] for d in docs if d["summary"].get(key) is not None]
             if vals:
                 m, s = mean_std([scale * v for v in vals])
                 # One seed has no spread: print the value alone rather than a misleading "± 0.00".
@@ -265,11 +293,11 @@ def table(by_cell: dict[str, list[dict[str, Any]]], grid: Grid) -> str:
             else:
                 cells.append("-")
         ref = grid.reference.get(label) or {}
-        paper = [ref.get(k) if ref.get(k) is not None else "-" for k in ("G", "P")]
+        paper = [str(ref[k]) if ref.get(k) is not None else "-" for k in paper_keys]
         walls = [d["summary"]["wall_seconds"] for d in docs if "wall_seconds" in d["summary"]]
         minutes = f"{np.mean(walls) / 60:.1f}" if walls else "-"
-        lines.append(f"| {label} | {len(docs)} | {' | '.join(cells)} | {paper[0]} | "
-                     f"{paper[1]} | {minutes} |")
+        lines.append(f"| {label} | {len(docs)} | {' | '.join(cells)} | {' | '.join(paper)} | "
+                     f"{minutes} |")
     if grid.source:
         lines.append(f"\nPaper: {grid.source}.")
     return "\n".join(lines) + "\n"

@@ -331,3 +331,21 @@ def test_cli_refuses_a_bad_jobs_count_in_one_line(capsys):
         main(["reproduce", "quick", "--jobs", "0"])
     assert exit_info.value.code == 2
     assert "argument --jobs: '0': a whole number of runs, at least 1" in capsys.readouterr().err
+
+
+def test_budget_columns_take_the_best_within_the_first_share_of_rounds():
+    """Seed 004 Table 2.4: the best metric within 50/80/100% of the rounds, from the official
+    test split when the runs have one (FedAIoT's centralized test), beside extra paper keys."""
+    def doc(values):
+        rounds = [{"round": i + 1, "global_accuracy": None, "personal_accuracy": None,
+                   "official_test_accuracy": v} for i, v in enumerate(values)]
+        return {"rounds": rounds, "summary": {"status": "completed",
+                                              "best_official_test_accuracy": max(values)}}
+    docs = [doc([0.1, 0.5, 0.3, 0.2, 0.6]), doc([0.3, 0.2, 0.4, 0.7, 0.1])]
+    grid = Grid("b", "quickstart", [0, 1], {"algorithm": ["fedavg"]},
+                {"fedavg": {"G": 68.51, "50%": 58.81}}, budgets=[0.5, 1.0])
+    md = table({"fedavg": docs}, grid)
+    assert "| best within 50% of rounds | best within 100% of rounds | paper G | paper P | " \
+           "paper 50% |" in md
+    # first ceil(2.5) = 3 rounds: 0.5 and 0.4 -> 45.00 ± 7.07; all rounds: 0.6, 0.7 -> 65 ± 7.07
+    assert "| 45.00 ± 7.07 | 65.00 ± 7.07 | 68.51 | - | 58.81 |" in md
