@@ -401,6 +401,8 @@ class BaseStrategy(Strategy):
         r, step = self.position(server_round)
         if self.central_eval is None or not self.is_last(r, step):
             return None
+        if not self.client_eval and not self.eval_due(r):  # the only evaluation: eval-every
+            return None
         metrics = self.central_eval(self.global_arrays)
         self.round_log(r).central = metrics
         return float(metrics.get("official_test_loss", 0.0)), dict(metrics)
