@@ -83,3 +83,29 @@ def test_pretrained_is_refused_for_models_without_weights():
         validate(load_config("quickstart", ["model.pretrained=true"]), check_data=False)
     with pytest.raises(ConfigError, match="VGG-19 needs"):
         validate(load_config("quickstart", ["model.name=vgg19"]), check_data=False)
+
+
+def test_pretrained_runs_normalize_with_imagenet_statistics():
+    """ImageNet weights expect ImageNet's channel statistics, not the pool's (issue 14 item 7);
+    the partition itself is the same file as without pretraining."""
+    import numpy as np
+
+    from fedapps.config import load_config
+    from fedapps.data import Pool, make_federated, partition_key
+
+    plain = partition_key(load_config("seed3-office31", ["model.pretrained=false"]))
+    pre = partition_key(load_config("seed3-office31", ["model.pretrained=true"]))
+    assert "normalization" not in plain and pre == {**plain, "normalization": "imagenet"}
+    rng = np.random.default_rng(0)
+    x = torch.from_numpy(rng.integers(0, 256, size=(40, 3, 4, 4), dtype=np.uint8))
+    pool = Pool(x, torch.arange(40) % 2, 40, 2)
+    k = {"dataset": "rgb", "pool": "merged", "partitioner": "iid", "params": {},
+         "test_fraction": 0.25, "num_clients": 2, "seed": 0, "version": 2}
+    own = make_federated(pool, k, cache=False)
+    imagenet = make_federated(pool, {**k, "normalization": "imagenet"}, cache=False)
+    assert [t.tolist() for t in own.train_idx] == [t.tolist() for t in imagenet.train_idx]
+    white = torch.full((1, 3, 1, 1), 255, dtype=torch.uint8)
+    expected = [(1 - m) / s for m, s in zip((0.485, 0.456, 0.406), (0.229, 0.224, 0.225),
+                                            strict=True)]
+    assert torch.allclose(imagenet.norm.inputs(white).flatten(), torch.tensor(expected))
+    assert not torch.allclose(own.norm.inputs(white).flatten(), torch.tensor(expected))

@@ -226,13 +226,16 @@ def partition_key(cfg: DictConfig) -> dict:
     if name not in PARTITIONERS:
         raise ConfigError(f"data.partitioner={name!r}: allowed: {', '.join(PARTITIONERS)}")
     d = cfg.data
-    return {
+    key = {
         "dataset": str(cfg.dataset), "pool": str(d.pool), "partitioner": name,
         "params": partition_params(cfg),
         "test_fraction": float(d["test-fraction"]),
         "num_clients": int(cfg.federation["num-clients"]), "seed": int(cfg.seed),
         "version": PARTITION_FORMAT,
     }
+    if cfg.model.get("pretrained", False):  # ImageNet weights expect ImageNet statistics
+        key["normalization"] = "imagenet"
+    return key
 
 
 def key_digest(key: dict) -> str:
@@ -272,8 +275,10 @@ def make_federated(pool: Pool, key: dict, cache: bool = True) -> FederatedData:
     of the raw files are never served for another."""
     if pool.source:
         key = {**key, "source": pool.source}
-    train, test = _partition(pool, key, cache)
-    return FederatedData(pool, Normalizer.for_pool(pool), train, test, key)
+    train, test = _partition(pool, {k: v for k, v in key.items() if k != "normalization"}, cache)
+    norm = Normalizer.imagenet() if key.get("normalization") == "imagenet" \
+        else Normalizer.for_pool(pool)
+    return FederatedData(pool, norm, train, test, key)
 
 
 @lru_cache(maxsize=4)

@@ -35,6 +35,9 @@ TASKS = ("classification", "regression")
 #   official train split; feature: float, every feature element standardized with train-split
 #   statistics; none: passed through unchanged (token ids, pre-normalized data).
 NORMALIZATIONS = ("image", "channel", "feature", "none")
+# torchvision's ImageNet statistics (RGB, [0, 1] scale), for ImageNet-pretrained models
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
 @dataclass(frozen=True)
@@ -108,6 +111,12 @@ class Normalizer:
         arrays = {f: getattr(norm, f).numpy() for f in fields if getattr(norm, f) is not None}
         _save_npz(path, kind=np.array(norm.kind), **arrays)
         return norm
+
+    @staticmethod
+    def imagenet() -> Normalizer:
+        """ImageNet's per-channel statistics on the [0, 1] scale (torchvision's published
+        values): what ImageNet-pretrained weights expect, instead of the pool's own."""
+        return Normalizer("image", torch.tensor(IMAGENET_MEAN), torch.tensor(IMAGENET_STD))
 
     @staticmethod
     def fit(pool: Pool) -> Normalizer:
