@@ -42,7 +42,11 @@ class PartialSettings(AlgoSettings):
     assignment: str = setting("dynamic", choices=("dynamic", "fixed"))  # redrawn every round?
     server_scale: float = setting(1.0, ge=1)  # gamma: global width over the largest client's
     weighting: str = setting("none", choices=("none", "model-size", "model-update", "hybrid"))
-    label_mask: bool = setting(False)  # masked CE; P = accuracy over the client's classes
+    # masked CE (absent classes' logits set to 0, as the HeteroFL/FedRolex code), classifier
+    # rows averaged over the clients holding the class; P = accuracy over the client's classes
+    label_mask: bool = setting(False)
+    roll: str = setting("forward", choices=("forward", "backward"))  # fedrolex's window
+    # direction: forward = eq. 3.4 (start j mod K); backward = the FedRolex code ((-j) mod K)
 
     def check_run(self, cfg: Any) -> None:
         """These methods build their own width models (algo.model, algo.hidden), so a model.*
@@ -94,7 +98,9 @@ class PartialClient(BaseClient):
             absent = self.absent_classes()
 
             def loss_fn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-                return F.cross_entropy(self.model(x).masked_fill(absent, -1e9), y)
+                # the reference's `output.masked_fill(label_mask == 0, 0)`: absent classes keep
+                # a logit of 0, so they still add e^0 to the softmax's denominator
+                return F.cross_entropy(self.model(x).masked_fill(absent, 0.0), y)
 
         loss = self.sgd_epochs(self.model.parameters(), loss_fn, self.settings.local_epochs)
         return {"train-loss": loss, "beta": self.beta,

@@ -29,7 +29,7 @@ from clients.local import LocalClient
 from clients.partial import PartialClient, PartialSettings
 from clients.peer import PeerClient
 from clients.phaseshift import PhaseShiftClient, PhaseShiftSettings
-from fedapps.data import DATASETS, FederatedData, apply_transforms
+from fedapps.data import DATASETS, FederatedData, apply_transforms, federated_data
 from fedapps.models import GpflNet, PreResNet18, SplitNet, WidthCNN, build_model, frozen_names
 from fedapps.settings import AlgoSettings, build_settings
 from strategies.base import BaseStrategy
@@ -91,8 +91,9 @@ def _width_model(cfg: DictConfig, beta: float = 1.0) -> torch.nn.Module:
 PARTIAL = {
     "settings": PartialSettings,
     "model": _width_model,
-    "strategy_kwargs": lambda cfg, model: {"specs": model.param_groups(),
-                                           "widths": model.group_widths()},
+    "strategy_kwargs": lambda cfg, model: {
+        "specs": model.param_groups(), "widths": model.group_widths(),
+        "train_classes": (federated_data(cfg).counts("train") > 0).tolist()},
     "client_kwargs": lambda cfg: {"model_factory": lambda beta: _width_model(cfg, beta)},
     "official_test": True,
     "tasks": ("classification",),  # image width models with a class head

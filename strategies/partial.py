@@ -36,11 +36,16 @@ class PartialTraining(BaseStrategy):
     scheme = "rolling"
 
     def __init__(self, *, specs: list[tuple[str | None, ...]], widths: dict[str, int],
-                 **kwargs: Any) -> None:
+                 train_classes: list[list[bool]] | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.specs = [ParamSpec(tuple(g)) for g in specs]
         self.widths = widths
         self.fixed = self._draw(0)
+        # per client, which classes its training split holds (label-masked classifier rows)
+        self.train_classes = None if train_classes is None else \
+            [np.asarray(c, dtype=bool) for c in train_classes]
+        self.classifier_arrays = frozenset(
+            i for i, name in enumerate(self.array_names) if name.startswith("classifier."))
 
     def _draw(self, server_round: int) -> np.ndarray:
         a = self.algo
@@ -60,11 +65,14 @@ class PartialTraining(BaseStrategy):
         for pid in participants:
             beta = self.beta(server_round, pid)
             rng = np.random.default_rng([self.seed, server_round, pid, 405])
-            index = group_indices(self.widths, self.scheme, beta, server_round - 1, rng)
+            index = group_indices(self.widths, self.index_scheme(), beta, server_round - 1, rng)
             sub = extract(self.global_arrays, self.specs, index)
             assignments.append(Assignment(pid, sub, sub, {"beta": beta},
                                           facts={"index": index}))
         return self.make_plan(server_round, step, assignments)
+
+    def index_scheme(self) -> str:
+        return self.scheme
 
     def client_weight(self, upload: Upload) -> float:
         """Seed 004 Table 3.4: `none` (equal, FedRolex's default), `model-size` (the sub-model's
@@ -78,13 +86,20 @@ class PartialTraining(BaseStrategy):
 
     def aggregate(self, plan: RoundPlan, uploads: list[Upload]) -> list[np.ndarray]:
         index = {a.partition_id: a.facts["index"] for a in plan.assignments}
+        rows = None
+        if self.algo.label_mask and self.train_classes is not None:
+            rows = [self.train_classes[u.partition_id] for u in uploads]
         return selective_average(self.global_arrays, self.specs,
                                  [(index[u.partition_id], u.arrays, self.client_weight(u))
-                                  for u in uploads])
+                                  for u in uploads], rows, self.classifier_arrays)
 
 
 class FedRolex(PartialTraining):
     scheme = "rolling"
+
+    def index_scheme(self) -> str:
+        """algo.roll: forward (eq. 3.4, the default) or backward (the FedRolex code)."""
+        return "rolling-backward" if self.algo.roll == "backward" else "rolling"
 
 
 class HeteroFL(PartialTraining):

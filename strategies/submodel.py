@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-SCHEMES = ("rolling", "static", "random")
+SCHEMES = ("rolling", "rolling-backward", "static", "random")
 
 
 def window_size(width: int, beta: float) -> int:
@@ -24,9 +24,11 @@ def window_size(width: int, beta: float) -> int:
     return max(1, int(np.floor(beta * width + 1e-9)))
 
 
-def rolling_indices(width: int, beta: float, round_index: int) -> np.ndarray:
-    """FedRolex, eq. 3.4: start j mod K_i, length floor(beta K_i), wrapping around."""
-    start = round_index % width
+def rolling_indices(width: int, beta: float, round_index: int,
+                    backward: bool = False) -> np.ndarray:
+    """FedRolex, eq. 3.4: start j mod K_i, length floor(beta K_i), wrapping around; `backward`
+    starts at (-j) mod K_i, the FedRolex code's `torch.roll(arange(K), j)[:n]` (seed 004 A1)."""
+    start = (-round_index if backward else round_index) % width
     return (start + np.arange(window_size(width, beta))) % width
 
 
@@ -45,8 +47,8 @@ def node_indices(scheme: str, width: int, beta: float, round_index: int,
     """The three schemes differ only here (seed 004 Algorithms 3.1-3.3, line 4)."""
     if beta >= 1.0:
         return np.arange(width)
-    if scheme == "rolling":
-        return rolling_indices(width, beta, round_index)
+    if scheme in ("rolling", "rolling-backward"):
+        return rolling_indices(width, beta, round_index, backward=scheme == "rolling-backward")
     if scheme == "static":
         return static_indices(width, beta)
     if scheme == "random":
@@ -81,18 +83,25 @@ def extract(global_arrays: Sequence[np.ndarray], specs: Sequence[ParamSpec],
 
 
 def selective_average(global_arrays: Sequence[np.ndarray], specs: Sequence[ParamSpec],
-                      uploads: Sequence[tuple[dict[str, np.ndarray], Sequence[np.ndarray], float]]
-                      ) -> list[np.ndarray]:
+                      uploads: Sequence[tuple[dict[str, np.ndarray], Sequence[np.ndarray], float]],
+                      class_rows: Sequence[np.ndarray | None] | None = None,
+                      class_arrays: frozenset[int] = frozenset()) -> list[np.ndarray]:
     """Eq. 3.10: each global entry becomes the (weighted) mean over the clients whose sub-model
-    holds it; entries no client held this round keep their value."""
+    holds it; entries no client held this round keep their value. With `class_rows` (per
+    upload, a boolean mask over the classes, or None for all), the rows of the arrays in
+    `class_arrays` (the classifier's weight and bias, first dimension = class) count only for
+    the clients that hold the class: the HeteroFL/FedRolex code's `label_split`."""
     out = []
     for i, (g, spec) in enumerate(zip(global_arrays, specs, strict=True)):
         total = np.zeros(g.shape, dtype=np.float64)
         weight = np.zeros(g.shape, dtype=np.float64)
-        for index, arrays, w in uploads:
+        for u, (index, arrays, w) in enumerate(uploads):
             sel = _selector(spec, index, g.shape)
-            total[sel] += w * np.asarray(arrays[i], dtype=np.float64)
-            weight[sel] += w
+            rows = None if class_rows is None or i not in class_arrays else class_rows[u]
+            held = np.ones(g.shape, dtype=np.float64) if rows is None else np.broadcast_to(
+                np.asarray(rows, dtype=np.float64).reshape(-1, *([1] * (g.ndim - 1))), g.shape)
+            total[sel] += w * held[sel] * np.asarray(arrays[i], dtype=np.float64)
+            weight[sel] += w * held[sel]
         merged = np.where(weight > 0, total / np.maximum(weight, 1e-300), g)
         out.append(merged.astype(g.dtype))
     return out

@@ -192,3 +192,33 @@ def test_label_masked_local_accuracy_argmaxes_over_the_clients_classes():
     plain = _two_class_client(label_mask=False)
     _, _, unmasked = plain.evaluate(arrays, {})
     assert unmasked["correct-personal"] == unmasked["correct-global"] == 0
+
+
+def test_masked_training_loss_gives_absent_classes_a_zero_logit():
+    """The reference's masked CE: `output.masked_fill(label_mask == 0, 0)`, so absent classes
+    still add e^0 to the softmax (not -1e9); the loss the client trains on is that one."""
+    import torch.nn.functional as F
+
+    client = _two_class_client(label_mask=True)
+    x, y = client.data.x_train, client.data.y_train
+    with torch.no_grad():
+        logits = client.model(x)
+    absent = torch.ones(10, dtype=torch.bool)
+    absent[[3, 7]] = False
+    zeroed = logits.clone()
+    zeroed[:, absent] = 0.0
+    expected = F.cross_entropy(zeroed, y).item()
+    seen = []
+    original = client.sgd_epochs
+
+    def spy(params, loss_fn, epochs, *args, **kwargs):
+        client.model.eval()
+        with torch.no_grad():
+            seen.append(loss_fn(x, y).item())
+        client.model.train()
+        return original(params, loss_fn, epochs, *args, **kwargs)
+
+    client.sgd_epochs = spy
+    client.local_train({})
+    assert seen[0] == pytest.approx(expected, rel=1e-6)
+    assert seen[0] != pytest.approx(F.cross_entropy(logits.masked_fill(absent, -1e9), y).item())

@@ -117,3 +117,36 @@ def test_cohort_sizes_per_scheme():
     assert static[:, :2].tolist() == [[3, 3]] * 8 and static[:, 2:].sum() == 0
     assert summary(static) == {"leading": 3.0, "trailing": 0.0, "all": 0.75, "untouched": 0.75}
     assert main(["--width", "16", "--rounds", "4", "--clients", "2"]) == 0
+
+
+@pytest.mark.parametrize("width, beta, j, expected", [
+    (5, 0.6, 0, [0, 1, 2]),
+    (5, 0.6, 1, [4, 0, 1]),  # start (-1) mod 5 = 4
+    (5, 0.6, 3, [2, 3, 4]),
+    (8, 0.25, 7, [1, 2]),
+])
+def test_backward_rolling_is_the_fedrolex_codes_torch_roll(width, beta, j, expected):
+    """The FedRolex code: torch.roll(arange(K), j % K)[:n] (seed 004 section 5.1)."""
+    import torch
+
+    got = rolling_indices(width, beta, j, backward=True).tolist()
+    n = window_size(width, beta)
+    assert got == expected == torch.roll(torch.arange(width), j % width)[:n].tolist()
+
+
+def test_label_masked_classifier_rows_average_only_over_clients_holding_the_class():
+    """The reference's label_split: client A holds classes {0, 1}, B holds {1, 2}; class 0's
+    row is A's alone, class 1's the mean, class 2's B's, class 3's (nobody's) unchanged; other
+    arrays are averaged as before."""
+    g = [np.full((4, 2), 9.0), np.full(4, 9.0), np.zeros(2)]
+    specs = [ParamSpec((None, "h")), ParamSpec((None,)), ParamSpec(("h",))]
+    idx = {"h": np.array([0, 1])}
+    a = (idx, [np.full((4, 2), 1.0), np.full(4, 1.0), np.full(2, 1.0)], 1.0)
+    b = (idx, [np.full((4, 2), 3.0), np.full(4, 3.0), np.full(2, 3.0)], 1.0)
+    rows = [np.array([True, True, False, False]), np.array([False, True, True, False])]
+    w, bias, hidden = selective_average(g, specs, [a, b], rows, frozenset({0, 1}))
+    np.testing.assert_array_equal(w[:, 0], [1.0, 2.0, 3.0, 9.0])
+    np.testing.assert_array_equal(bias, [1.0, 2.0, 3.0, 9.0])
+    np.testing.assert_array_equal(hidden, [2.0, 2.0])  # not a class array: plain mean
+    plain = selective_average(g, specs, [a, b])[0]
+    np.testing.assert_array_equal(plain[:, 0], [2.0, 2.0, 2.0, 2.0])  # old: diluted rows
