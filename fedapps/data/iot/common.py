@@ -54,13 +54,19 @@ def cached_arrays(name: str, identity: str,
     return arrays
 
 
-def download_zip(url: str, dest: Path) -> None:
-    """Fetch a public zip archive and unpack it into `dest` (only with data.download=true)."""
-    dest.mkdir(parents=True, exist_ok=True)
-    archive = dest / Path(url).name
-    tmp = archive.with_suffix(".part")
+def download_file(url: str, path: Path) -> None:
+    """Fetch one public file to `path` (only with data.download=true); written under a
+    temporary name first, so an interrupted download never looks like the file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".part")
     with urllib.request.urlopen(url, timeout=60) as response, open(tmp, "wb") as out:
         shutil.copyfileobj(response, out)
-    tmp.replace(archive)
+    tmp.replace(path)
+
+
+def download_zip(url: str, dest: Path) -> None:
+    """Fetch a public zip archive and unpack it into `dest` (only with data.download=true)."""
+    archive = dest / Path(url).name
+    download_file(url, archive)
     with zipfile.ZipFile(archive) as z:
         z.extractall(dest)
