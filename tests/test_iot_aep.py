@@ -170,6 +170,10 @@ def test_download_fetches_the_csv(tmp_path, monkeypatch):
     fetched = tmp_path / "data" / "aep" / "energydata_complete.csv"
     assert fetched.read_bytes() == source.read_bytes() and pool.x.shape == (240, 18)
     assert not list(fetched.parent.glob("*.part"))
+    monkeypatch.setattr(aep, "URL", (tmp_path / "gone.csv").as_uri())
+    with pytest.raises(ConfigError, match="cannot download .*gone.csv") as err:
+        load_pool("aep", tmp_path / "elsewhere", download=True)
+    assert "\n" not in str(err.value)
 
 
 @pytest.mark.parametrize("change, message", [
@@ -177,6 +181,7 @@ def test_download_fetches_the_csv(tmp_path, monkeypatch):
     (lambda p: p.write_text(p.read_text().replace('"2016-01-12 06:10:00"', '"12/01/2016"')),
      "YYYY-MM-DD HH:MM:SS"),
     (lambda p: write_csv(p, rh_group=7), "kept 14 columns"),
+    (lambda p: p.write_text(p.read_text().replace('",240,', '",0,')), "energy <= 0"),
 ])
 def test_bad_files_are_one_line_errors(fixture_root, change, message):
     path = fixture_root / "aep" / "energydata_complete.csv"

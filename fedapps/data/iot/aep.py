@@ -78,8 +78,9 @@ def read_csv(path: Path) -> pd.DataFrame:
         df["date"] = pd.to_datetime(df["date"], format="%Y-%m-%d %H:%M:%S")
     except ValueError:
         raise ConfigError(f"dataset {NAME}: {path}: dates are not YYYY-MM-DD HH:MM:SS") from None
-    if df.drop(columns="date").isna().any().any():
-        raise ConfigError(f"dataset {NAME}: {path} has empty values")
+    if df.drop(columns="date").isna().any().any() or (df["Appliances"] <= 0).any():
+        raise ConfigError(f"dataset {NAME}: {path} has empty values or an energy <= 0 "
+                          "(its logarithm is the target)")
     return df
 
 
@@ -172,7 +173,11 @@ def load(root: Path, download: bool) -> Pool:
     """The AEP pool (cached, keyed by the CSV's name, size and mtime and the step settings)."""
     path = root / FOLDER / FILE
     if not path.is_file() and download:
-        download_file(URL, path)
+        try:
+            download_file(URL, path)
+        except OSError as err:  # URLError included: offline, moved, refused
+            raise ConfigError(f"dataset {NAME}: cannot download {URL} ({err}); put the file at "
+                              f"{path} by hand") from None
     check(root)
     identity = files_identity([path], PREPROCESSING)
     arrays = cached_arrays(NAME, identity, lambda: preprocess(path))
