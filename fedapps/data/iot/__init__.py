@@ -8,5 +8,7 @@ under the data root and where the data comes from (`common.require`).
 
 from __future__ import annotations
 
-from fedapps.data.iot import wisdm  # noqa: F401
-from fedapps.data.iot import aep  # noqa: F401
+from fedapps.data.iot import (
+    aep,  # noqa: F401
+    wisdm,  # noqa: F401
+)
