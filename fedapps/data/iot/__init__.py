@@ -7,3 +7,5 @@ under the data root and where the data comes from (`common.require`).
 """
 
 from __future__ import annotations
+
+from fedapps.data.iot import casas  # noqa: F401
