@@ -173,7 +173,7 @@ def test_registration_and_class_table():
     info = DATASETS["casas"]
     assert (info.num_classes, info.shape, info.vocab_size, info.normalization) == \
         (12, (2000,), 2000, "none")
-    assert info.has_client_ids
+    assert info.has_client_ids and info.downloadable
     for home, table in casas.ACTIVITIES.items():  # every category a class; "" is Other
         assert set(table) <= set(casas.CLASSES) and "" in table["other"], home
     assert len(set(casas.CLASSES) - {"other"}) == 11

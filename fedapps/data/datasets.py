@@ -170,6 +170,9 @@ class DatasetInfo:
     # custom sources: raise a one-line ConfigError when the data is missing (before any run)
     check: Callable[[Path], None] | None = None
     vocab_size: int | None = None  # token-id sources: size of the embedding table the model needs
+    # custom sources: the loader fetches the data itself when data.download=true, so `check`
+    # (the missing-data error) is skipped then
+    downloadable: bool = False
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -358,7 +361,7 @@ def check_available(name: str, root: Path, download: bool) -> None:
     """Raise a one-line ConfigError when the dataset is missing and may not be downloaded,
     or a BadSourceFile when a raw file is not the published one."""
     info = DATASETS[name]
-    if info.check is not None and not download:  # with download, the loader fetches or says why not
+    if info.check is not None and not (download and info.downloadable):
         info.check(root)
     if not info.folder or info.loader is not None:
         return

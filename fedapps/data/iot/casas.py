@@ -253,4 +253,4 @@ def load(root: Path, download_missing: bool) -> Pool:
 
 DATASETS[NAME] = DatasetInfo(len(CLASSES), (MAX_LEN,), normalization="none",
                              has_client_ids=True, loader=load, check=check,
-                             vocab_size=VOCAB_SIZE)
+                             vocab_size=VOCAB_SIZE, downloadable=True)
