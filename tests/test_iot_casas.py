@@ -230,3 +230,15 @@ def test_download_fetches_every_home_archive(tmp_path, cache, monkeypatch):
     (server / "milan.zip").unlink()
     with pytest.raises(ConfigError, match=r"^dataset casas: cannot download .*milan\.zip"):
         load_pool("casas", tmp_path / "empty", download=True)
+
+
+@pytest.mark.parametrize("milan, message", [
+    ([ev("M003", "ON", " ".join(["word"] * 13))], r"cannot read .*milan/data .*at most 16 fields"),
+    ([ev("M003", "ON"), ev("M003", "OFF", " ".join(["word"] * 13))], r"cannot read .*at most 16"),
+    ([ev("E001", "START")], r"milan/data has no motion, door or temperature events$"),
+])
+def test_unreadable_home_file_is_one_line(tmp_path, cache, milan, message):
+    write_fixture(tmp_path, dict(FIXTURE, milan=milan))
+    with pytest.raises(ConfigError, match=message) as err:
+        casas.load(tmp_path, False)
+    assert "\n" not in str(err.value)

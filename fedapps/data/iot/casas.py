@@ -26,7 +26,7 @@ Preprocessing (reference datasets/casas/download.py, from Liciotti's deep-casas 
 from __future__ import annotations
 
 import csv
-import urllib.error
+import warnings
 import zipfile
 from pathlib import Path
 
@@ -41,6 +41,7 @@ from fedapps.errors import ConfigError
 NAME = "casas"
 FOLDER = "casas"
 MAX_FIELDS = 16  # date, time, sensor, value and up to 12 annotation words
+CHUNK_LINES = 500_000  # lines parsed at a time (bounds the parser's memory)
 MAX_LEN = 2000  # events per sample (thesis: "the previous 2000 sensor activations")
 VOCAB_SIZE = 2000  # embedding rows incl. padding 0: the reference BiLSTMModel's Embedding(2000, 64)
 TEST_SIZE, SPLIT_SEED = 0.2, 42  # reference loaders/casas.py
@@ -129,28 +130,44 @@ def download(root: Path) -> None:
         url = f"{BASE_URL}{home}.zip"
         try:
             download_zip(url, root / FOLDER)
-        except (OSError, urllib.error.URLError, zipfile.BadZipFile) as err:
+        except (OSError, zipfile.BadZipFile) as err:  # URLError is an OSError
             raise ConfigError(f"dataset {NAME}: cannot download {url} ({type(err).__name__}: "
                               f"{str(err).strip()[:200]}); get it from {WHERE}") from None
     if not all((root / FOLDER / rel).is_file() for rel in HOMES.values()):
         raise missing(NAME, root, LAYOUT, WHERE)
 
 
-def read_events(path: Path) -> tuple[pd.Series, pd.Series]:
-    """(token key `sensor<TAB>value`, raw activity) of every M/D/T event of one home's file."""
-    try:  # pandas' C whitespace parser: a line's fields, annotation words in columns 4..
-        fields = pd.read_csv(path, sep=r"\s+", header=None, names=range(MAX_FIELDS), dtype=object,
-                             quoting=csv.QUOTE_NONE, keep_default_na=False, na_values=[""],
-                             encoding_errors="replace")
-    except (pd.errors.ParserError, pd.errors.EmptyDataError) as err:
+def _parse(path: Path) -> pd.DataFrame:
+    """Sensor (column 2), value (3) and annotation (4, '' when none) of every M/D/T line, read
+    by pandas' C whitespace parser in chunks (a chunk's unused columns are dropped at once)."""
+    kept = []
+    try:
+        with warnings.catch_warnings():  # a line of too many fields: an error, never truncated
+            warnings.simplefilter("error", pd.errors.ParserWarning)
+            for chunk in pd.read_csv(path, sep=r"\s+", header=None, names=range(MAX_FIELDS),
+                                     index_col=False, dtype=object, quoting=csv.QUOTE_NONE,
+                                     keep_default_na=False, na_values=[""],
+                                     encoding_errors="replace", chunksize=CHUNK_LINES):
+                chunk = chunk[chunk[3].notna() & chunk[2].str.startswith(("M", "D", "T"), na=False)]
+                noted = chunk[4].notna()
+                note = pd.Series("", index=chunk.index, dtype=object)
+                note[noted] = chunk.loc[noted, 4].str.cat(
+                    [chunk.loc[noted, c] for c in range(5, MAX_FIELDS)], sep=" ", na_rep=""
+                ).str.strip()
+                kept.append(pd.DataFrame({"sensor": chunk[2], "value": chunk[3], "note": note}))
+    except (pd.errors.ParserError, pd.errors.ParserWarning, pd.errors.EmptyDataError) as err:
         reason = (str(err).strip().splitlines() or [""])[0][:200]
         raise ConfigError(f"dataset {NAME}: cannot read {path} ({type(err).__name__}: "
-                          f"{reason})") from None
-    events = fields[fields[3].notna() & fields[2].str.startswith(("M", "D", "T"))]
-    events = events.reset_index(drop=True)
-    noted = events[4].notna()
-    note = events.loc[noted, 4].str.cat([events.loc[noted, c] for c in range(5, MAX_FIELDS)],
-                                        sep=" ", na_rep="").str.strip()
+                          f"{reason}; at most {MAX_FIELDS} fields a line)") from None
+    if not kept or not sum(len(k) for k in kept):
+        raise ConfigError(f"dataset {NAME}: {path} has no motion, door or temperature events")
+    return pd.concat(kept, ignore_index=True)
+
+
+def read_events(path: Path) -> tuple[pd.Series, pd.Series]:
+    """(token key `sensor<TAB>value`, raw activity) of every M/D/T event of one home's file."""
+    events = _parse(path)
+    note = events["note"][events["note"] != ""]
     # substring tests, as the reference's `'begin' in des` / `'end' in des`
     begin = note.index[note.str.contains("begin", regex=False)]
     end = note.index[note.str.contains("end", regex=False)]
@@ -160,7 +177,7 @@ def read_events(path: Path) -> tuple[pd.Series, pd.Series]:
     state[end] = ""
     activity = state.ffill().fillna("").shift(1, fill_value="")  # the one running before it
     activity[begin] = name[begin]
-    return events[2] + "\t" + events[3], activity
+    return events["sensor"] + "\t" + events["value"], activity
 
 
 def canonical(key: str) -> str:
