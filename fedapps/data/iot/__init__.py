@@ -8,7 +8,8 @@ under the data root and where the data comes from (`common.require`).
 
 from __future__ import annotations
 
-from fedapps.data.iot import (
-    aep,  # noqa: F401
-    wisdm,  # noqa: F401
+from fedapps.data.iot import (  # noqa: F401  (each module registers its datasets)
+    aep,
+    casas,
+    wisdm,
 )
