@@ -168,7 +168,7 @@ def test_uniform_is_our_iid_and_natural_needs_no_new_entry():
         run_partitioner("iid", data, 4, 3, {}), np.array_split(perm, 4), strict=True))
 
 
-def test_keys_hold_every_parameter_and_validation_is_one_line():
+def test_keys_hold_every_parameter_and_validation_is_one_line(tmp_path, monkeypatch):
     quant = ["data.partitioner=fedaiot-quantiles"]
     key = partition_key(load_config("regression-quick", quant))
     assert key["params"] == {"alpha": 0.1, "min_size": 20, "max_iterations": 10_000,
@@ -195,6 +195,13 @@ def test_keys_hold_every_parameter_and_validation_is_one_line():
         with pytest.raises(ConfigError) as err:
             validate(load_config("quickstart", overrides), check_data=False)
         assert str(err.value).startswith(message) and "\n" not in str(err.value)
+    monkeypatch.setattr(pretrained, "vgg19_weights_path", lambda: tmp_path / "vgg19-0.pth")
+    with pytest.raises(ConfigError, match="^data.fedaiot.cluster-features=vgg19: no ImageNet "
+                                          "weights at "):
+        validate(load_config("quickstart", ["dataset=cifar10", "model.name=cnn",
+                                            "data.partitioner=fedaiot-clusters",
+                                            "data.fedaiot.cluster-features=vgg19"]),
+                 check_data=False)
     with pytest.raises(ConfigError, match="^data.partitioner=fedaiot-quantiles: needs a "
                                           "regression target; this dataset has none$"):
         run_partitioner("fedaiot-quantiles", PartitionInput(10, labels=np.zeros(10, np.int64)),

@@ -97,8 +97,9 @@ def quantile_bins(targets: np.ndarray, bins: int) -> np.ndarray:
 
 
 def raw_features(inputs: torch.Tensor) -> np.ndarray:
-    """Flattened inputs, each feature standardized over the samples (constant ones become 0)."""
-    x = inputs.reshape(len(inputs), -1).double().numpy()
+    """Flattened inputs as float32 (KMeans's memory), each feature standardized over the
+    samples (constant ones become 0)."""
+    x = inputs.reshape(len(inputs), -1).float().numpy()
     std = x.std(axis=0)
     return (x - x.mean(axis=0)) / np.where(std > 0, std, 1.0)
 
@@ -126,7 +127,7 @@ def vgg19_embeddings(images: torch.Tensor) -> np.ndarray:
     with torch.no_grad():
         for batch in images.split(VGG_BATCH):
             x = (batch.float() / 255 - mean) / std
-            out.append(net(x).mean(dim=(2, 3)).double().numpy())
+            out.append(net(x).mean(dim=(2, 3)).numpy())
     return np.concatenate(out)
 
 
