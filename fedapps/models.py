@@ -14,7 +14,7 @@ from torch import nn
 
 from clients.arrays import get_arrays, set_arrays
 from fedapps.iot_models import IOT_INPUT_RANKS, IOT_MODELS, TOKEN_MODELS
-from fedapps.pretrained import load_vgg19_features
+from fedapps.pretrained import load_vgg19_features, vgg19_features
 from fedapps.splitnet import SplitNet, layered
 
 __all__ = ["IMAGE_MODELS", "IOT_INPUT_RANKS", "MODELS", "PRETRAINED_MODELS", "SplitNet",
@@ -118,27 +118,6 @@ def thesis_cifar10_cnn(in_shape: tuple[int, int, int], num_classes: int,
     return layered(features, [nn.Linear(flat, 128),
                                nn.Sequential(nn.Linear(128, num_classes), nn.Softmax(dim=1))],
                     head_depth)
-
-
-VGG19_LAYERS = (64, 64, "M", 128, 128, "M", 256, 256, 256, 256, "M",
-                512, 512, 512, 512, "M", 512, 512, 512, 512, "M")  # torchvision's cfg "E"
-
-
-def vgg19_features() -> nn.Sequential:
-    """VGG-19's 16 conv layers (3x3, ReLU) and 5 max-pools, with torchvision's layer indices
-    (so ImageNet weights load by name) and torchvision's random initialization."""
-    layers: list[nn.Module] = []
-    channels = 3
-    for v in VGG19_LAYERS:
-        if v == "M":
-            layers.append(nn.MaxPool2d(2, 2))
-            continue
-        conv = nn.Conv2d(channels, int(v), 3, padding=1)
-        nn.init.kaiming_normal_(conv.weight, mode="fan_out", nonlinearity="relu")
-        nn.init.zeros_(conv.bias)
-        layers += [conv, nn.ReLU(inplace=True)]
-        channels = int(v)
-    return nn.Sequential(*layers)
 
 
 def _vgg19_transfer(in_shape: tuple[int, int, int], num_classes: int, head_depth: int,

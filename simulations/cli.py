@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from fedapps import cli as app_cli
 from fedapps import rundir
 from fedapps.config import load_config
@@ -43,20 +45,28 @@ def _reproduce(args: argparse.Namespace) -> int:
 
 def partition_report(experiment: str, overrides: list[str]) -> dict[str, Any]:
     """The partition of a validated config, built (or read from the cache) without training:
-    the parameters it ran with (a target EMD's solved ones), sizes, class counts and EMDs."""
+    the parameters it ran with (a target EMD's solved ones), sizes, class counts and EMDs. For
+    regression data the "classes" are the equal-frequency target bins (data.fedaiot.bins) of
+    the partitioned samples, the pseudo-classes fedaiot-quantiles deals out."""
     from fedapps.data import federated_data
-    from fedapps.data.partition import client_emd, emd
+    from fedapps.data.fedaiot_partition import quantile_bins
+    from fedapps.data.partition import class_counts, client_emd, emd
 
     cfg = app_cli._resolve(experiment, overrides)
     fd = federated_data(cfg)
+    grouping = "classes"
     if fd.pool.labels() is None:
-        raise ConfigError(f"dataset={cfg.dataset}: {fd.pool.task} data has no classes to count; "
-                          "fedapps partition needs a classification dataset")
-    counts = fd.counts("all")
+        bins = int(cfg.data.fedaiot.bins)
+        n = len(fd.pool) if fd.key["pool"] == "merged" else fd.pool.num_train
+        parts = [np.concatenate([a, b]) for a, b in zip(fd.train_idx, fd.test_idx, strict=True)]
+        counts = class_counts(parts, quantile_bins(fd.pool.y[:n].numpy(), bins), bins)
+        grouping = "target bins"
+    else:
+        counts = fd.counts("all")
     return {
         "experiment": experiment, "dataset": str(cfg.dataset),
         "partitioner": fd.key["partitioner"], "params": fd.key["params"], "seed": int(cfg.seed),
-        "num_clients": fd.num_clients, "num_classes": int(counts.shape[1]),
+        "num_clients": fd.num_clients, "num_classes": int(counts.shape[1]), "grouping": grouping,
         "sizes": counts.sum(axis=1).tolist(),
         "train_sizes": [len(t) for t in fd.train_idx], "test_sizes": [len(t) for t in fd.test_idx],
         "class_counts": counts.tolist(),
@@ -70,7 +80,7 @@ def report_lines(report: dict[str, Any]) -> list[str]:
     params = ", ".join(f"{k}={v}" for k, v in report["params"].items()) or "-"
     lines = [f"fedapps: {report['experiment']}: {report['partitioner']} ({params}) on "
              f"{report['dataset']}, {report['num_clients']} clients, {report['num_classes']} "
-             f"classes, seed {report['seed']}",
+             f"{report.get('grouping', 'classes')}, seed {report['seed']}",
              f"{'client':>6} {'size':>6} {'train':>6} {'test':>5} {'emd':>6}  class counts"]
     for k, row in enumerate(report["class_counts"]):
         lines.append(f"{k:>6} {report['sizes'][k]:>6} {report['train_sizes'][k]:>6} "

@@ -103,11 +103,13 @@ def test_no_import_cycle_among_project_modules():
 
 
 def test_layers():
-    """config loads and merges only; data imports only leaves; errors/paths/settings are leaves."""
+    """config loads and merges only; data imports only leaves; errors/paths/settings are leaves,
+    and so is pretrained (VGG-19's conv layers and weights: the FedAIoT feature clusters)."""
     graph = import_graph()
-    leaves = {"fedapps.errors", "fedapps.paths", "fedapps.settings"}
+    leaves = {"fedapps.errors", "fedapps.paths", "fedapps.settings", "fedapps.pretrained"}
     assert graph["fedapps.errors"] == set() and graph["fedapps.paths"] == set()
     assert graph["fedapps.settings"] == {"fedapps.errors"}
+    assert graph["fedapps.pretrained"] == {"fedapps.errors"}
     assert graph["fedapps.config"] <= leaves
     data = {m for m in graph if m == "fedapps.data" or m.startswith("fedapps.data.")}
     for mod in data:

@@ -254,7 +254,9 @@ def _partition(pool: Pool, key: dict, cache: bool = True
     ids = pool.client_ids
     data = PartitionInput(n, labels=None if labels is None else labels[:n],
                           client_ids=None if ids is None else np.asarray(ids)[:n],
-                          num_classes=pool.num_classes)
+                          num_classes=pool.num_classes,
+                          targets=pool.y[:n].numpy() if labels is None else None,
+                          inputs=lambda: pool.x[:n])
     parts = run_partitioner(key["partitioner"], data, k, key["seed"], key["params"])
     rng = np.random.default_rng([key["seed"], 75])
     strata = labels if labels is not None else np.zeros(len(pool), np.int64)  # regression: plain
@@ -311,8 +313,11 @@ def validate_partition_settings(cfg: DictConfig) -> None:
     if part.needs_client_ids and not info.has_client_ids:
         raise ConfigError(f"data.partitioner={name!r}: dataset {cfg.dataset} has no natural "
                           "client ids")
+    if part.needs_targets and info.task != "regression":
+        raise ConfigError(f"data.partitioner={name!r}: needs a regression target; dataset "
+                          f"{cfg.dataset} is {info.task}")
     if part.check is not None:
-        part.check(read_params(cfg, part.params), info.num_classes)
+        part.check(read_params(cfg, part.params), info)
     if info.num_classes is not None:  # a target EMD no setting reaches: fail before any run
         partition_params(cfg, with_data=False)
 

@@ -2,9 +2,9 @@
 
 The label partitioners are flwr-datasets' own (IID, Dirichlet, pathological), fed an in-memory
 label-only dataset; the natural partitioner, seed 002's skew samplers (limit-label, q,
-limit-label-q, EMD-targeted) with their closed-form EMDs and inverse solvers, the per-client
-stratified train/test split and EMD are ours. Validation and the partition cache key are derived
-from `PARTITIONERS`.
+limit-label-q, EMD-targeted) with their closed-form EMDs and inverse solvers, seed 004's FedAIoT
+schemes (`fedaiot_partition.py`), the per-client stratified train/test split and EMD are ours.
+Validation and the partition cache key are derived from `PARTITIONERS`.
 """
 
 from __future__ import annotations
@@ -12,12 +12,18 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from fedapps.data import fedaiot_partition as fedaiot
 from fedapps.data.params import Param
 from fedapps.errors import ConfigError
+
+if TYPE_CHECKING:
+    import torch
+
+    from fedapps.data.datasets import DatasetInfo
 
 
 def _label_dataset(labels: np.ndarray):  # -> datasets.Dataset
@@ -28,12 +34,15 @@ def _label_dataset(labels: np.ndarray):  # -> datasets.Dataset
 
 @dataclass(frozen=True)
 class PartitionInput:
-    """What a partitioner may look at: the candidate samples' labels and natural client ids."""
+    """What a partitioner may look at: the candidate samples' labels, regression targets,
+    natural client ids and (on demand: only feature clusters read them) their inputs."""
 
     num_samples: int
     labels: np.ndarray | None = None  # int64 class labels (None for regression sources)
     client_ids: np.ndarray | None = None  # natural client id per sample (subject, home, ...)
     num_classes: int | None = None
+    targets: np.ndarray | None = None  # float regression targets (None for classification)
+    inputs: Callable[[], torch.Tensor] | None = None  # the pool's raw inputs (a view, no copy)
 
 
 @dataclass(frozen=True)
@@ -44,8 +53,10 @@ class Partitioner:
     params: tuple[Param, ...] = ()
     needs_labels: bool = False
     needs_client_ids: bool = False
-    # extra dataset-dependent check of the read params: (params, num_classes) -> None
-    check: Callable[[dict[str, Any], int | None], None] | None = None
+    needs_targets: bool = False  # a regression target (`PartitionInput.targets`)
+    needs_inputs: bool = False  # the samples' inputs (`PartitionInput.inputs`)
+    # extra dataset-dependent check of the read params before any run: (params, info) -> None
+    check: Callable[[dict[str, Any], DatasetInfo], None] | None = None
     doc: str = ""
     # inverse solver for data.target-emd: (params, target, SolveContext) -> params to run with
     solve: Callable[[dict[str, Any], float, SolveContext], dict[str, Any]] | None = None
@@ -90,8 +101,8 @@ def _shards(data: PartitionInput, num_clients: int, seed: int,
     return _load_all(part, data.labels, num_clients)
 
 
-def _check_shards(params: dict[str, Any], num_classes: int | None) -> None:
-    lpc = params["labels_per_client"]
+def _check_shards(params: dict[str, Any], info: DatasetInfo) -> None:
+    lpc, num_classes = params["labels_per_client"], info.num_classes
     if num_classes is not None and lpc > num_classes:
         raise ConfigError(f"data.labels-per-client={lpc}: must be <= {num_classes} "
                           "(classes in the dataset)")
@@ -327,20 +338,73 @@ def _emd_sampler(data: PartitionInput, num_clients: int, seed: int,
     return _by_weights(data, weights, seed)
 
 
-def _check_label_limit(params: dict[str, Any], num_classes: int | None) -> None:
-    t = params["label_limit"]
+def _check_label_limit(params: dict[str, Any], info: DatasetInfo) -> None:
+    t, num_classes = params["label_limit"], info.num_classes
     if num_classes is not None and t > num_classes:
         raise ConfigError(f"data.label-limit={t}: must be <= {num_classes} (classes in the "
                           "dataset)")
 
 
-def _check_emd(params: dict[str, Any], num_classes: int | None) -> None:
-    target = params["target_emd"]
+def _check_emd(params: dict[str, Any], info: DatasetInfo) -> None:
+    target, num_classes = params["target_emd"], info.num_classes
     if target is None:
         raise ConfigError("data.target-emd: not set; data.partitioner=emd needs a target EMD")
     if num_classes is not None and target > 2 - 2 / num_classes + 1e-12:
         raise ConfigError(f"data.target-emd={target:g}: emd reaches [0, "
                           f"{2 - 2 / num_classes:.3f}] with {num_classes} classes")
+
+
+# ---- seed 004: the FedAIoT schemes (fedaiot_partition.py) ------------------------------------
+#
+# One Dirichlet variant (B1) over three groupings: classes, equal-frequency bins of a regression
+# target, KMeans clusters of input features; all draws from one generator seeded by (seed, 4).
+
+def _fedaiot_rng(seed: int) -> np.random.Generator:
+    return np.random.default_rng([seed, 4])
+
+
+def _fedaiot_labels(data: PartitionInput, num_clients: int, seed: int, alpha: float,
+                    min_size: int, max_iterations: int) -> list[np.ndarray]:
+    assert data.labels is not None
+    return fedaiot.fedaiot_dirichlet(data.labels, num_clients, _fedaiot_rng(seed), alpha,
+                                     min_size, max_iterations)
+
+
+def _fedaiot_quantiles(data: PartitionInput, num_clients: int, seed: int, alpha: float,
+                       min_size: int, max_iterations: int, bins: int) -> list[np.ndarray]:
+    assert data.targets is not None
+    return fedaiot.fedaiot_dirichlet(fedaiot.quantile_bins(data.targets, bins), num_clients,
+                                     _fedaiot_rng(seed), alpha, min_size, max_iterations)
+
+
+def _fedaiot_clusters(data: PartitionInput, num_clients: int, seed: int, alpha: float,
+                      min_size: int, max_iterations: int, clusters: int, features: str
+                      ) -> list[np.ndarray]:
+    assert data.inputs is not None
+    groups = fedaiot.feature_clusters(data.inputs(), clusters, features, seed)
+    return fedaiot.fedaiot_dirichlet(groups, num_clients, _fedaiot_rng(seed), alpha, min_size,
+                                     max_iterations)
+
+
+def _check_fedaiot_clusters(params: dict[str, Any], info: DatasetInfo) -> None:
+    """vgg19 needs 3-channel images the conv layers take and the published weights file."""
+    if params["features"] != "vgg19":
+        return
+    shape = info.shape
+    if info.normalization != "image" or len(shape) != 3 or shape[0] != 3 or min(shape[1:]) < 32:
+        raise ConfigError(f"data.fedaiot.cluster-features=vgg19: needs [3, >=32, >=32] images "
+                          f"(this dataset: {list(shape)}); use data.fedaiot.cluster-features=raw")
+    from fedapps.pretrained import check_vgg19_weights
+
+    check_vgg19_weights(None, "data.fedaiot.cluster-features=vgg19",
+                        "set data.fedaiot.cluster-features=raw")
+
+
+def _disjoint_label(data: PartitionInput, num_clients: int, seed: int,
+                    labels_per_client: int) -> list[np.ndarray]:
+    assert data.labels is not None
+    return fedaiot.disjoint_label(data.labels, _num_classes(data), num_clients,
+                                  labels_per_client, np.random.default_rng([seed, 5]))
 
 
 # ---- inverse solvers: data.target-emd -> the sampler's parameter ------------------------------
@@ -504,6 +568,19 @@ Q = Param("q", "data.q", float, 0.5, low=0, high=1,
           doc="q, limit-label-q: share of each label for its group / set holders")
 EVERY_CLASS = Param("every_class", "data.every-class", bool, False,
                     doc="samplers: give every client at least one sample of every class")
+FEDAIOT_MIN_SIZE = Param("min_size", "data.fedaiot.min-size", int, 20, low=1,
+                         doc="FedAIoT Dirichlet: samples every client ends with (redraws, repair)")
+MAX_ITERATIONS = Param("max_iterations", "data.fedaiot.max-iterations", int, 10_000, low=1,
+                       doc="FedAIoT Dirichlet: draws before the repair")
+BINS = Param("bins", "data.fedaiot.bins", int, 10, low=2,
+             doc="fedaiot-quantiles: equal-frequency bins of the target (pseudo-classes)")
+CLUSTERS = Param("clusters", "data.fedaiot.clusters", int, 10, low=2,
+                 doc="fedaiot-clusters: KMeans clusters (pseudo-classes)")
+CLUSTER_FEATURES = Param("features", "data.fedaiot.cluster-features", str, "raw",
+                         choices=("raw", "vgg19"),
+                         doc="fedaiot-clusters: standardized raw inputs or VGG-19 ImageNet "
+                             "embeddings")
+FEDAIOT = (ALPHA, FEDAIOT_MIN_SIZE, MAX_ITERATIONS)
 
 # name -> partitioner. Adding one = a function above + one entry here (+ its keys in
 # conf/defaults.yaml); validation and the cache key follow from the entry.
@@ -526,6 +603,16 @@ PARTITIONERS: dict[str, Partitioner] = {
                                  doc="seed 002 ll_q(t, q): EMD 2q - 2t/M"),
     "emd": Partitioner(_emd_sampler, (TARGET_EMD,), needs_labels=True, check=_check_emd,
                        doc="seed 002 EMD-targeted (Robinhood D, shifted per client)"),
+    "fedaiot-dirichlet": Partitioner(_fedaiot_labels, FEDAIOT, needs_labels=True,
+                                     doc="seed 004 B1: per-class Dir(alpha), capacity, repair"),
+    "fedaiot-quantiles": Partitioner(_fedaiot_quantiles, (*FEDAIOT, BINS), needs_targets=True,
+                                     doc="seed 004: FedAIoT Dirichlet over target bins"),
+    "fedaiot-clusters": Partitioner(_fedaiot_clusters, (*FEDAIOT, CLUSTERS, CLUSTER_FEATURES),
+                                    needs_inputs=True, check=_check_fedaiot_clusters,
+                                    doc="seed 004 B2: FedAIoT Dirichlet over KMeans clusters"),
+    "disjoint-label": Partitioner(_disjoint_label, (LABELS_PER_CLIENT,), needs_labels=True,
+                                  check=_check_shards,
+                                  doc="seed 004: at most labels-per-client classes, shards"),
 }
 
 
@@ -542,6 +629,11 @@ def run_partitioner(name: str, data: PartitionInput, num_clients: int, seed: int
         raise ConfigError(f"data.partitioner={name}: needs class labels; this dataset has none")
     if part.needs_client_ids and data.client_ids is None:
         raise ConfigError(f"data.partitioner={name}: this dataset has no natural client ids")
+    if part.needs_targets and data.targets is None:
+        raise ConfigError(f"data.partitioner={name}: needs a regression target; this dataset "
+                          "has none")
+    if part.needs_inputs and data.inputs is None:
+        raise ConfigError(f"data.partitioner={name}: needs the samples' inputs")
     return part.fn(data, num_clients, seed, **params)
 
 
