@@ -358,8 +358,8 @@ def check_available(name: str, root: Path, download: bool) -> None:
     """Raise a one-line ConfigError when the dataset is missing and may not be downloaded,
     or a BadSourceFile when a raw file is not the published one."""
     info = DATASETS[name]
-    if info.check is not None:
-        info.check(root)
+    if info.check is not None and not (download and info.loader is not None):
+        info.check(root)  # with download, a custom loader fetches the data or says it cannot
     if not info.folder or info.loader is not None:
         return
     files = source_files(name, root)

@@ -7,3 +7,8 @@ under the data root and where the data comes from (`common.require`).
 """
 
 from __future__ import annotations
+
+from fedapps.data.iot import (
+    ut_har,  # noqa: F401
+    widar,  # noqa: F401
+)

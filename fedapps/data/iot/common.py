@@ -54,13 +54,25 @@ def cached_arrays(name: str, identity: str,
     return arrays
 
 
-def download_zip(url: str, dest: Path) -> None:
-    """Fetch a public zip archive and unpack it into `dest` (only with data.download=true)."""
+def google_drive_url(file_id: str) -> str:
+    """The direct-download address of a public Google Drive file (the reference's download
+    scripts fetch with gdown by file id); `confirm=t` skips the large-file warning page."""
+    return f"https://drive.usercontent.google.com/download?id={file_id}&export=download&confirm=t"
+
+
+def download_zip(url: str, dest: Path, archive_name: str | None = None) -> None:
+    """Fetch a public zip archive and unpack it into `dest` (only with data.download=true);
+    `archive_name` names the saved archive when the URL's last part is no file name. A failed
+    fetch or a reply that is no zip archive is a one-line ConfigError."""
     dest.mkdir(parents=True, exist_ok=True)
-    archive = dest / Path(url).name
+    archive = dest / (archive_name or Path(url).name)
     tmp = archive.with_suffix(".part")
-    with urllib.request.urlopen(url, timeout=60) as response, open(tmp, "wb") as out:
-        shutil.copyfileobj(response, out)
-    tmp.replace(archive)
-    with zipfile.ZipFile(archive) as z:
-        z.extractall(dest)
+    try:
+        with urllib.request.urlopen(url, timeout=60) as response, open(tmp, "wb") as out:
+            shutil.copyfileobj(response, out)
+        tmp.replace(archive)
+        with zipfile.ZipFile(archive) as z:
+            z.extractall(dest)
+    except (OSError, zipfile.BadZipFile) as err:
+        raise ConfigError(f"data.download: fetching {url} into {dest} failed "
+                          f"({' '.join(str(err).split())})") from None
