@@ -106,6 +106,10 @@ def test_missing_data_and_bad_files_are_one_line(tmp_path):
                delimiter=",")
     with pytest.raises(ConfigError, match=r"holds \(22, 399\) values, expected 22x400"):
         widar.load(tmp_path, False)
+    (folder / "user1-1-1-1-1-1-1e-07-100-20-100000-L0.csv").write_text("0,x\n")
+    with pytest.raises(ConfigError, match="L0.csv is no csv of numbers") as err:
+        widar.load(tmp_path, False)
+    assert "\n" not in str(err.value)
     (folder / "sample1.csv").write_text("0\n")
     with pytest.raises(ConfigError, match="sample1.csv does not follow"):
         widar.load(tmp_path, False)

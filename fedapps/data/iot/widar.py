@@ -2,8 +2,11 @@
 
 Layout: the one the FedAIoT reference downloads (datasets/widar/download.py, loaders/widar.py):
 SenseFi's processed copy, `<root>/widar/Widardata/{train,test}/<k>-<gesture>/user<u>-*.csv`,
-one sample per file, 22 rows (time steps, already zero-padded/cut to 22 by SenseFi) x 400
-columns (the 20x20 velocity bins). Its 22 gesture folders are numbered k = 1..22.
+one sample per file, 22 rows (time steps, already brought to 22 by SenseFi) x 400
+columns (the 20x20 velocity bins). Its 22 gesture folders are numbered k = 1..22 (1-Push&Pull,
+2-Sweep, ..., 22-Draw-10; docs/DATA.md lists them). Widar3.0's own `.mat` files are not read:
+the reference's class list is in SenseFi's numbering, and how SenseFi mapped Widar3.0's per-date
+gesture numbers to it and cut or padded T to 22 steps is not published.
 
 Preprocessing, as the reference does it (the thesis only says "9 gestures performed by more
 than 3 users" and "standard scaler"):
@@ -36,7 +39,9 @@ from fedapps.errors import ConfigError
 NAME = "widar"
 FOLDER = "widar"
 DRIVE_ID = "14vp4D8W0X2bDLpXnpP-U_VT9PIGkVf_4"  # Widardata.zip, the reference's download.py
-SELECTED = (0, 3, 7, 10, 12, 14, 15, 16, 19)  # 0-based SenseFi gesture numbers kept
+# 0-based SenseFi gesture numbers kept: Push&Pull, Slide, Draw-Triangle(H), Draw-N(V), Draw-1,
+# Draw-3, Draw-4, Draw-5, Draw-8
+SELECTED = (0, 3, 7, 10, 12, 14, 15, 16, 19)
 TRAIN_RANKS = frozenset([*range(4, 15), 16])  # user ranks by sample count that train
 MEAN, STD = 0.0025, 0.0119  # SenseFi's dataset-wide BVP mean and standard deviation
 STEPS, BINS = 22, 20
@@ -85,7 +90,11 @@ def read_arrays(files: list[Path]) -> dict[str, np.ndarray]:
     keep = np.concatenate([keep[~is_test], keep[is_test]])  # train first, file order within
     x = np.empty((len(keep), STEPS, BINS, BINS), dtype=np.float32)
     for i, k in enumerate(keep):
-        values = np.loadtxt(files[k], delimiter=",", dtype=np.float32, ndmin=2)
+        try:
+            values = np.loadtxt(files[k], delimiter=",", dtype=np.float32, ndmin=2)
+        except ValueError as err:
+            raise ConfigError(f"dataset {NAME}: {files[k]} is no csv of numbers "
+                              f"({' '.join(str(err).split())})") from None
         if values.size != STEPS * BINS * BINS:
             raise ConfigError(f"dataset {NAME}: {files[k]} holds {values.shape} values, "
                               f"expected {STEPS}x{BINS * BINS}")
