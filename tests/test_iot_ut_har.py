@@ -73,7 +73,7 @@ def test_missing_data_is_one_line_naming_layout_and_source(tmp_path):
         check_available("ut-har", tmp_path, False)
     text = str(err.value)
     assert "\n" not in text and "dataset ut-har not found" in text
-    assert f"{tmp_path}/ut-har/UT_HAR/data/X_{{train,test}}.csv" in text
+    assert f"{tmp_path}/ut-har/UT_HAR/{{data/X,label/y}}_{{train,test}}.csv" in text
     assert ut_har.DRIVE_ID in text and "WiFi-CSI-Sensing-Benchmark" in text
     check_available("ut-har", tmp_path, True)  # with download the loader fetches first
     for split in ("train", "test"):

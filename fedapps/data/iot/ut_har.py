@@ -34,8 +34,7 @@ DRIVE_ID = "1fEiI3nAoOsddR5qcJQXqz4ocM3aMAcwz"  # UT_HAR.zip, the reference's do
 SPLITS = ("train", "test")
 PACKETS, PAIRS, SUBCARRIERS = 250, 3, 30
 NUM_CLASSES = 7
-LAYOUT = (f"{FOLDER}/UT_HAR/data/X_{{train,test}}.csv and {FOLDER}/UT_HAR/label/"
-          "y_{train,test}.csv (NumPy arrays despite the .csv name)")
+LAYOUT = f"{FOLDER}/UT_HAR/{{data/X,label/y}}_{{train,test}}.csv (.npy files despite the name)"
 WHERE = (f"SenseFi's processed UT_HAR.zip (Google Drive file {DRIVE_ID}, linked from "
          "github.com/xyanchen/WiFi-CSI-Sensing-Benchmark); data.download=true fetches it")
 
