@@ -64,7 +64,8 @@ def read_arrays(root: Path) -> dict[str, np.ndarray]:
     and the reference (loaders/ut_har.py) does exactly this per file."""
     splits = [tuple(_open(root / f) for f in split_files(s)) for s in SPLITS]
     for s, (x, y) in zip(SPLITS, splits, strict=True):
-        if x.ndim != 3 or x.shape[1:] != (PACKETS, PAIRS * SUBCARRIERS) or y.size != len(x):
+        if x.ndim != 3 or x.shape[1:] != (PACKETS, PAIRS * SUBCARRIERS) or y.size != len(x) \
+                or not len(x):
             raise ConfigError(f"dataset {NAME}: X_{s} has shape {x.shape} and y_{s} {y.shape}, "
                               f"expected [N, {PACKETS}, {PAIRS * SUBCARRIERS}] and [N]")
     sizes = [len(x) for x, _ in splits]

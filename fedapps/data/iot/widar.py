@@ -91,7 +91,8 @@ def read_arrays(files: list[Path]) -> dict[str, np.ndarray]:
     x = np.empty((len(keep), STEPS, BINS, BINS), dtype=np.float32)
     for i, k in enumerate(keep):
         try:
-            values = np.loadtxt(files[k], delimiter=",", dtype=np.float32, ndmin=2)
+            # parsed as float64 and then rounded, as the reference's genfromtxt + float32 does
+            values = np.loadtxt(files[k], delimiter=",", dtype=np.float64, ndmin=2)
         except ValueError as err:
             raise ConfigError(f"dataset {NAME}: {files[k]} is no csv of numbers "
                               f"({' '.join(str(err).split())})") from None
