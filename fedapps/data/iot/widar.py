@@ -5,8 +5,8 @@ SenseFi's processed copy, `<root>/widar/Widardata/{train,test}/<k>-<gesture>/use
 one sample per file, 22 rows (time steps, already brought to 22 by SenseFi) x 400
 columns (the 20x20 velocity bins). Its 22 gesture folders are numbered k = 1..22 (1-Push&Pull,
 2-Sweep, ..., 22-Draw-10; docs/DATA.md lists them). Widar3.0's own `.mat` files are not read:
-the reference's class list is in SenseFi's numbering, and how SenseFi mapped Widar3.0's per-date
-gesture numbers to it and cut or padded T to 22 steps is not published.
+the reference's class list is in SenseFi's numbering (Widar3.0 numbers gestures per date), and
+SenseFi's rule for bringing T to 22 steps and its flattening order are not published.
 
 Preprocessing, as the reference does it (the thesis only says "9 gestures performed by more
 than 3 users" and "standard scaler"):
