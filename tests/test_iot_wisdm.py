@@ -179,5 +179,5 @@ def test_download_unpacks_the_nested_release_zip(tmp_path, monkeypatch):
     assert (root / wisdm.FOLDER / "raw" / "watch" / "accel" / "data_1600_accel_watch.txt").is_file()
     assert pool.y.tolist() == expected(rows)[1].tolist()
     monkeypatch.setattr(wisdm, "URL", (tmp_path / "absent.zip").as_uri())
-    with pytest.raises(ConfigError, match="download of .*absent.zip failed"):
+    with pytest.raises(ConfigError, match="fetching .*absent.zip .*failed"):
         load_pool("wisdm-w", tmp_path / "empty", download=True)

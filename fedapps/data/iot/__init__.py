@@ -11,5 +11,7 @@ from __future__ import annotations
 from fedapps.data.iot import (  # noqa: F401  (each module registers its datasets)
     aep,
     casas,
+    ut_har,
+    widar,
     wisdm,
 )

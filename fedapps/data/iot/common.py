@@ -64,9 +64,21 @@ def download_file(url: str, path: Path) -> None:
     tmp.replace(path)
 
 
-def download_zip(url: str, dest: Path) -> None:
-    """Fetch a public zip archive and unpack it into `dest` (only with data.download=true)."""
-    archive = dest / Path(url).name
-    download_file(url, archive)
-    with zipfile.ZipFile(archive) as z:
-        z.extractall(dest)
+def google_drive_url(file_id: str) -> str:
+    """The direct-download address of a public Google Drive file (the reference's download
+    scripts fetch with gdown by file id); `confirm=t` skips the large-file warning page."""
+    return f"https://drive.usercontent.google.com/download?id={file_id}&export=download&confirm=t"
+
+
+def download_zip(url: str, dest: Path, archive_name: str | None = None) -> None:
+    """Fetch a public zip archive and unpack it into `dest` (only with data.download=true);
+    `archive_name` names the saved archive when the URL's last part is no file name. A failed
+    fetch or a reply that is no zip archive is a one-line ConfigError."""
+    archive = dest / (archive_name or Path(url).name)
+    try:
+        download_file(url, archive)
+        with zipfile.ZipFile(archive) as z:
+            z.extractall(dest)
+    except (OSError, zipfile.BadZipFile) as err:
+        raise ConfigError(f"data.download: fetching {url} into {dest} failed "
+                          f"({' '.join(str(err).split())})") from None
