@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import csv
 import warnings
-import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -130,9 +129,9 @@ def download(root: Path) -> None:
         url = f"{BASE_URL}{home}.zip"
         try:
             download_zip(url, root / FOLDER)
-        except (OSError, zipfile.BadZipFile) as err:  # URLError is an OSError
-            raise ConfigError(f"dataset {NAME}: cannot download {url} ({type(err).__name__}: "
-                              f"{str(err).strip()[:200]}); get it from {WHERE}") from None
+        except ConfigError as err:  # download_zip's one line, with where else to get it
+            raise ConfigError(f"dataset {NAME}: cannot download {url}: {str(err)[:300]}; "
+                              f"get it from {WHERE}") from None
     if not all((root / FOLDER / rel).is_file() for rel in HOMES.values()):
         raise missing(NAME, root, LAYOUT, WHERE)
 
