@@ -234,7 +234,9 @@ def run_centralized(cfg: DictConfig, run_dir: Path, mode: str = rundir.NEW,
                                resume_after=saved.round if saved else None,
                                metric=task.metric, run_id=run_id, extra={"centralized": facts},
                                title=f"centralized {cfg.model.name} on {cfg.dataset} "
-                                     f"({run_dir.name})", xlabel="epoch")
+                                     f"({run_dir.name})", xlabel="epoch",
+                               plot_labels={"global": "clients' local test splits",
+                                            "personal": None})
         for note in splits.notes:
             progress(f"fedapps: note: {note}")
         if list(cfg.data.get("transforms") or []):

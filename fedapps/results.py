@@ -91,7 +91,8 @@ class ResultsWriter:
                  num_rounds: int, invocation: dict[str, str] | None = None,
                  resume_after: int | None = None, metric: str = "accuracy",
                  run_id: str | None = None, extra: dict[str, Any] | None = None,
-                 title: str | None = None, xlabel: str = "round") -> None:
+                 title: str | None = None, xlabel: str = "round",
+                 plot_labels: dict[str, str | None] | None = None) -> None:
         self.run_dir = run_dir
         self.run_id = run_id  # with it, write only while the directory belongs to this run
         self.metric = metric  # the dataset task's: accuracy or r2
@@ -102,6 +103,7 @@ class ResultsWriter:
         self.extra = extra or {}  # further top-level sections (the centralized baseline's)
         self.title = title or f"{cfg['algorithm']} on {cfg['dataset']} ({run_dir.name})"
         self.xlabel = xlabel
+        self.plot_labels = plot_labels  # series names of the plot (plots.SERIES)
         self.rounds: list[dict[str, Any]] = []
         self.started = time.time()
         if resume_after is not None:  # keep the rounds the checkpoint covers, and their time
@@ -159,5 +161,5 @@ class ResultsWriter:
         if self.cfg["output"]["plots"]:
             plots.append(plot_metric(self.rounds, self.title,
                                      self.run_dir / f"{self.metric}.png", self.metric,
-                                     self.xlabel))
+                                     self.xlabel, self.plot_labels))
         self.tracker.finish(self.summary(), plots)
