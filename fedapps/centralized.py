@@ -121,20 +121,23 @@ class CentralizedTrainer(BaseClient):
         return self.optimizer
 
     def momentum_buffers(self) -> list[np.ndarray]:
-        """One array per parameter (empty before the first step or without momentum)."""
+        """One array per parameter, size 0 where SGD holds none (frozen parameters, no
+        momentum, before the first step); [] when none has one."""
         if self.optimizer is None:
             return []
         bufs = [self.optimizer.state.get(p, {}).get("momentum_buffer")
                 for p in self.model.parameters()]
-        if any(b is None for b in bufs):
+        if all(b is None for b in bufs):
             return []
-        return [b.detach().cpu().numpy().copy() for b in bufs]
+        return [np.zeros(0, np.float32) if b is None else b.detach().cpu().numpy().copy()
+                for b in bufs]
 
     def restore(self, arrays: list[np.ndarray], momentum: list[np.ndarray]) -> None:
         set_arrays(self.model, arrays)
         opt = self.sgd(list(self.model.parameters()))
         for p, buf in zip(self.model.parameters(), momentum, strict=False):
-            opt.state[p]["momentum_buffer"] = torch.from_numpy(buf).to(p.device, p.dtype)
+            if buf.size:
+                opt.state[p]["momentum_buffer"] = torch.from_numpy(buf).to(p.device, p.dtype)
 
 
 def evaluate(trainer: CentralizedTrainer, splits: CentralSplits, task: Task
