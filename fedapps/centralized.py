@@ -74,6 +74,14 @@ class CentralSplits:
     confusion_split: str  # which held-out split Q comes from
     notes: tuple[str, ...] = ()  # why a split is not scored
 
+    def to(self, device: str) -> CentralSplits:
+        """Every tensor on `device`, moved once (sgd_epochs and evaluate_sums then copy
+        nothing)."""
+        def move(pair: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+            return pair[0].to(device), pair[1].to(device)
+        return CentralSplits(move(self.train), {k: move(v) for k, v in self.held_out.items()},
+                             self.confusion_split, self.notes)
+
 
 def _rows(fd: FederatedData, idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
     return fd.normalize(fd.pool.x[idx]), fd.norm.targets(fd.pool.y[idx])
@@ -216,19 +224,18 @@ def run_centralized(cfg: DictConfig, run_dir: Path, mode: str = rundir.NEW,
         splits = central_splits(cfg, fd)
         task = dataset_task(cfg)
         device = select_device(cfg)
-        x, y = (t.to(device) for t in splits.train)
-        first = next(iter(splits.held_out.values()))
-        data = ClientData(x, y, *(t.to(device) for t in first))
-        held = {k: tuple(t.to(device) for t in v) for k, v in splits.held_out.items()}
-        splits = CentralSplits(splits.train, held, splits.confusion_split, splits.notes)
-        trainer = CentralizedTrainer(ALGORITHMS[cfg.algorithm].model(cfg), data,
+        splits = splits.to(device)
+        y = splits.train[1]
+        trainer = CentralizedTrainer(ALGORITHMS[cfg.algorithm].model(cfg),
+                                     ClientData(*splits.train, *splits.held_out[
+                                         splits.confusion_split]),
                                      central_train_settings(cfg), partition_id=0, device=device,
                                      task=task)
         if saved is not None:
             trainer.restore(saved.global_arrays, saved.state.get(MOMENTUM, []))
         settings = trainer.settings
         facts = {"train_data": str(cfg.centralized["train-data"]), "train_samples": len(y),
-                 "held_out": {k: len(v[1]) for k, v in held.items()},
+                 "held_out": {k: len(v[1]) for k, v in splits.held_out.items()},
                  "confusion_split": splits.confusion_split if task.metric == "accuracy"
                  else None, "epochs": epochs, "lr": settings.lr,
                  "batch_size": settings.batch_size, "notes": list(splits.notes)}
