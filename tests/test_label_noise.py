@@ -161,7 +161,7 @@ def test_p_mode_with_a_matrix_flips_by_probability_and_redraws_from_q(tmp_path):
     ("1,0\n0,1\n", "shape 2x2, the dataset has 10 classes"),
     ("\n".join(",".join(["0.2"] * 10) for _ in range(10)) + "\n", "row 0 sums to 2"),
     ("a,b\n", "not a CSV of numbers"),
-])
+], ids=["missing", "shape", "row-sum", "not-numbers"])
 def test_bad_matrix_is_one_line_error_naming_the_command(tmp_path, content, why):
     path = tmp_path / "q.csv"
     if content is not None:
