@@ -37,7 +37,7 @@ def config(tmp_path, *sets, experiment="quickstart"):
 @pytest.fixture(autouse=True)
 def one_thread():
     """As a simulated client trains (1 thread): on a loaded 2-core machine torch's 2 threads
-    made an epoch of digits 20-50x slower."""
+    made an epoch of digits 20-60x slower."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
