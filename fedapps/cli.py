@@ -112,6 +112,10 @@ def _resume(args: argparse.Namespace) -> int:
         invocation = json.loads((run / "results.json").read_text())["invocation"]
     except (OSError, KeyError, TypeError, json.JSONDecodeError):
         raise ConfigError(f"{run}: no results.json with an invocation to resume") from None
+    if invocation.get("command") == "centralized":  # `fedapps centralized`: no Flower
+        from fedapps.centralized import resume_centralized
+
+        return resume_centralized(run, invocation, args.overrides)
     saved = load(run)
     if saved is None:
         raise ConfigError(f"{run}: no checkpoint.npz (the run stopped before its first round)")

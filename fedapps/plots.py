@@ -16,17 +16,26 @@ METRIC_AXES = {"accuracy": (100.0, "accuracy (%)"),
                "r2": (1.0, "R² (coefficient of determination)")}
 
 
+SERIES = {"global": "G (global model)", "personal": "P (personalized)",
+          "official_test": "official test split"}
+
+
 def plot_metric(rounds: list[dict[str, Any]], title: str, path: Path,
-                metric: str = "accuracy") -> Path:
-    """G and P per round, in the task's metric."""
+                metric: str = "accuracy", xlabel: str = "round",
+                labels: dict[str, str | None] | None = None) -> Path:
+    """G and P per round, in the task's metric, and the official test split's where the
+    records have it (model-heterogeneous methods, the centralized baseline). `labels`
+    renames series of SERIES (None leaves one out)."""
     scale, axis = METRIC_AXES.get(metric, (1.0, metric))
     fig, ax = plt.subplots(figsize=(6, 4))
-    for key, label in ((f"global_{metric}", "G (global model)"),
-                       (f"personal_{metric}", "P (personalized)")):
+    for name, label in {**SERIES, **(labels or {})}.items():
+        key = f"{name}_{metric}"
+        if label is None:
+            continue
         pts = [(r["round"], scale * r[key]) for r in rounds if r.get(key) is not None]
         if pts:
             ax.plot(*zip(*pts, strict=True), marker="o", markersize=3, label=label)
-    ax.set_xlabel("round")
+    ax.set_xlabel(xlabel)
     ax.set_ylabel(axis)
     ax.set_title(title)
     ax.grid(alpha=0.3)

@@ -90,7 +90,9 @@ class ResultsWriter:
     def __init__(self, run_dir: Path, cfg: dict[str, Any], partition: dict[str, Any],
                  num_rounds: int, invocation: dict[str, str] | None = None,
                  resume_after: int | None = None, metric: str = "accuracy",
-                 run_id: str | None = None) -> None:
+                 run_id: str | None = None, extra: dict[str, Any] | None = None,
+                 title: str | None = None, xlabel: str = "round",
+                 plot_labels: dict[str, str | None] | None = None) -> None:
         self.run_dir = run_dir
         self.run_id = run_id  # with it, write only while the directory belongs to this run
         self.metric = metric  # the dataset task's: accuracy or r2
@@ -98,6 +100,10 @@ class ResultsWriter:
         self.partition = partition
         self.num_rounds = num_rounds
         self.invocation = invocation or {}
+        self.extra = extra or {}  # further top-level sections (the centralized baseline's)
+        self.title = title or f"{cfg['algorithm']} on {cfg['dataset']} ({run_dir.name})"
+        self.xlabel = xlabel
+        self.plot_labels = plot_labels  # series names of the plot (plots.SERIES)
         self.rounds: list[dict[str, Any]] = []
         self.started = time.time()
         if resume_after is not None:  # keep the rounds the checkpoint covers, and their time
@@ -125,7 +131,7 @@ class ResultsWriter:
     def _write(self) -> None:
         check_owner(self.run_dir, self.run_id)
         doc = {"rounds": self.rounds, "summary": self.summary(), "partition": self.partition,
-               "invocation": self.invocation}
+               "invocation": self.invocation, **self.extra}
         atomic_write(self.run_dir / "results.json", json.dumps(doc, indent=1))
         if self.rounds:
             columns = [k for k, v in self.rounds[0].items() if not isinstance(v, list | dict)]
@@ -153,7 +159,7 @@ class ResultsWriter:
         self._write()
         plots = []
         if self.cfg["output"]["plots"]:
-            title = f"{self.cfg['algorithm']} on {self.cfg['dataset']} ({self.run_dir.name})"
-            plots.append(plot_metric(self.rounds, title, self.run_dir / f"{self.metric}.png",
-                                     self.metric))
+            plots.append(plot_metric(self.rounds, self.title,
+                                     self.run_dir / f"{self.metric}.png", self.metric,
+                                     self.xlabel, self.plot_labels))
         self.tracker.finish(self.summary(), plots)

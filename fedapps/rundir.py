@@ -37,7 +37,8 @@ REDO_UNFINISHED = "redo-unfinished"  # replace an unfinished run, keep a complet
 MODES = (NEW, OVERWRITE, RESUME, REDO_UNFINISHED)
 
 # The files and folders a run writes: what --overwrite removes (nothing else is touched).
-RUN_FILES = ("results.json", "metrics.csv", "config.yaml", "checkpoint.npz", RUN_ID)
+RUN_FILES = ("results.json", "metrics.csv", "config.yaml", "checkpoint.npz", RUN_ID,
+             "confusion.csv", "confusion-counts.csv")  # the last two: `fedapps centralized`
 RUN_FOLDERS = ("node-state", "wandb")
 
 # Config keys a resume may change: they neither change the model, the data nor the training,
@@ -180,16 +181,18 @@ def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix[:-1]: node}
 
 
-def _resumable(key: str) -> bool:
-    return any(key == k or (k.endswith(".*") and key.startswith(k[:-1])) for k in RESUMABLE)
+def _resumable(key: str, allowed: tuple[str, ...] = RESUMABLE) -> bool:
+    return any(key == k or (k.endswith(".*") and key.startswith(k[:-1])) for k in allowed)
 
 
-def check_resume_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> None:
-    """One ConfigError naming every key a resume would change outside RESUMABLE."""
+def check_resume_changes(before: Mapping[str, Any], after: Mapping[str, Any],
+                         allowed: tuple[str, ...] = RESUMABLE) -> None:
+    """One ConfigError naming every key a resume would change outside `allowed` (a
+    federation's RESUMABLE; the centralized baseline's own list)."""
     old, new = _flatten(before), _flatten(after)
     changed = sorted(k for k in old.keys() | new.keys()
-                     if old.get(k) != new.get(k) and not _resumable(k))
+                     if old.get(k) != new.get(k) and not _resumable(k, allowed))
     if changed:
         shown = ", ".join(f"{k}={new.get(k)!r}" for k in changed)
         raise ConfigError(f"resume: {shown} would change the experiment; a resume may change "
-                          f"only {', '.join(RESUMABLE)} (start a new run for anything else)")
+                          f"only {', '.join(allowed)} (start a new run for anything else)")

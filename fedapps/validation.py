@@ -25,6 +25,7 @@ from strategies.server_opt import validate_server_settings
 POOLS = ("merged", "official")
 DEVICES = ("auto", "cpu", "cuda")
 WANDB_MODES = ("offline", "online", "disabled")
+CENTRAL_DATA = ("clients", "official")  # what `fedapps centralized` trains on
 
 
 def _require(ok: bool, key: str, value: Any, rule: str) -> None:
@@ -161,6 +162,13 @@ def validate(cfg: DictConfig, check_data: bool = True) -> None:
              milestones, "must be positive round numbers")
     decay = _number(cfg, "train.lr-decay")
     _require(0 < decay <= 1, "train.lr-decay", decay, "must be in (0, 1]")
+    _integer(cfg, "centralized.epochs", 1)
+    if cfg.centralized.lr is not None:
+        clr = _number(cfg, "centralized.lr")
+        _require(clr > 0, "centralized.lr", clr, "must be > 0 or null (train.lr)")
+    if cfg.centralized["batch-size"] is not None:
+        _integer(cfg, "centralized.batch-size", 1)
+    _choice(cfg, "centralized.train-data", CENTRAL_DATA)
     _integer(cfg, "eval.eval-every", 1)
     ef = _number(cfg, "eval.fraction")
     _require(0 < ef <= 1, "eval.fraction", ef, "must be in (0, 1]")

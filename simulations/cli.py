@@ -112,6 +112,13 @@ def _partition(args: argparse.Namespace) -> int:
     return 0
 
 
+def _centralized(args: argparse.Namespace) -> int:
+    from fedapps.centralized import centralized_command
+
+    return centralized_command(args.experiment, args.overrides, args.run_name, args.overwrite,
+                               args.num_threads)
+
+
 def _positive(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: a whole number of runs, at least 1")
@@ -122,8 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
     """fedapps.cli's commands plus `reproduce` and `partition`: the whole `fedapps` script."""
     parser, sub = app_cli.build_parser()
     parser.description = ("Federated learning experiments on Flower: run, validate, resume, "
-                          "deploy-local, node, list, reproduce and partition. Every command has "
-                          "its own --help.")
+                          "deploy-local, node, list, reproduce, partition and centralized. "
+                          "Every command has its own --help.")
     r = sub.add_parser("reproduce", help="run a grid over seeds; table and plots vs the paper")
     r.add_argument("grid", help="a file in conf/grid (or an experiment preset)")
     r.add_argument("--seeds", type=int, default=None, help="use seeds 0..N-1 (default: the grid's)")
@@ -146,11 +153,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", default=None, metavar="FILE", help="write the same numbers as JSON")
     p.add_argument("--png", default=None, metavar="FILE",
                    help="clients x classes heatmap of the counts, with the EMD")
+    c = sub.add_parser("centralized", help="the centralized baseline: the experiment's model "
+                       "trained on the pooled data in one process (no Flower); writes results, "
+                       "a plot and the confusion matrix Q (confusion.csv)")
+    c.add_argument("experiment", help="preset in conf/experiment")
+    c.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="e.g. --set centralized.epochs=50 --set centralized.train-data=official")
+    c.add_argument("--run-name", default=None, metavar="NAME",
+                   help="run directory under output.output-dir (default "
+                        "<experiment>-centralized-s<seed>-<time>)")
+    c.add_argument("--overwrite", action="store_true", help=app_cli.OVERWRITE_HELP)
+    c.add_argument("--num-threads", type=_positive, default=None, metavar="N",
+                   help="torch CPU threads (default: torch's own, all cores; on a shared "
+                        "machine 1 avoids oversubscription)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    return app_cli.main(argv, build_parser(), {"reproduce": _reproduce, "partition": _partition})
+    return app_cli.main(argv, build_parser(), {"reproduce": _reproduce, "partition": _partition,
+                                               "centralized": _centralized})
 
 
 if __name__ == "__main__":

@@ -42,7 +42,8 @@ def test_algorithm_transforms_are_prepended_unless_listed():
     cfg, _ = config("data.transforms=[label-noise,rebalance]")
     assert [n for n, _ in transform_chain(cfg, ("rebalance",))] == ["label-noise", "rebalance"]
     params = dict(transform_chain(cfg, ("rebalance",)))
-    assert params == {"label-noise": {"p": 0.1},
+    assert params == {"label-noise": {"p": 0.1, "ratio": None, "matrix": None,
+                                      "row_max_below": None},
                       "rebalance": {"scope": "client", "threshold": "mean",
                                     "augmentation": "simple"}}
 

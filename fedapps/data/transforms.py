@@ -22,10 +22,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 from omegaconf import DictConfig, ListConfig
 
-from fedapps.data import fedaug, label_averaging, rebalance
+from fedapps.data import fedaug, label_averaging, label_noise, rebalance
 from fedapps.data.datasets import DATASETS, TASKS, DatasetInfo, cache_dir
 from fedapps.data.params import Param, present, read_params
 from fedapps.errors import ConfigError
@@ -81,19 +80,8 @@ class Transform:
     tasks: tuple[str, ...] = TASKS
     check: Callable[[DatasetInfo], str | None] | None = None  # why the dataset does not fit
     doc: str = ""
-
-
-def _label_noise(ctx: TransformContext, data: ClientData) -> ClientData:
-    """Seed 002 / FedAIoT: with probability p a train label becomes a uniformly random *other*
-    class; the test split is untouched. `label_noise_mask` marks the changed samples."""
-    k = int(ctx.fd.pool.num_classes or 0)
-    y = data.y_train.cpu().numpy()
-    rng = ctx.rng()
-    flip = rng.random(len(y)) < ctx.params["p"]
-    shift = rng.integers(1, k, size=len(y))  # 1..k-1: never the same class
-    noisy = np.where(flip, (y + shift) % k, y).astype(y.dtype)
-    return data.replace(y_train=torch.from_numpy(noisy).to(data.y_train.device),
-                        extras={"label_noise_mask": torch.from_numpy(flip)})
+    # settings that need each other or the dataset (a file to read): raises ConfigError
+    check_params: Callable[[dict[str, Any], DatasetInfo], None] | None = None
 
 
 def _two_classes(info: DatasetInfo) -> str | None:
@@ -110,10 +98,10 @@ TRANSFORMS: dict[str, Transform] = {
                            _images_only,
                            "FedReb/FedReG rebalanced set D_r (extras x_reb, y_reb, n_eff, "
                            "target); params from algo.*"),
-    "label-noise": Transform(_label_noise, (
-        Param("p", "data.label-noise.p", float, 0.1, low=0, high=1,
-              doc="probability that a train label is replaced"),), ("classification",),
-        _two_classes, "replace train labels by another class with probability p"),
+    "label-noise": Transform(label_noise.transform, label_noise.PARAMS, ("classification",),
+                             _two_classes, "replace train labels by another class: each with "
+                             "probability p, or exactly a ratio per client; uniformly or from "
+                             "a confusion matrix (label_noise.py)", label_noise.check_params),
     "fedaug": Transform(fedaug.transform, fedaug.PARAMS, ("classification",), _images_only,
                         "seed 002 FedAug: raise the rarest classes with augmented copies to "
                         "the target augmented-EMD"),
@@ -158,7 +146,7 @@ def validate_transform_settings(cfg: DictConfig, required: Sequence[str] = ()) -
         params = TRANSFORMS[name].params
         read_params(cfg, [p for p in params if present(cfg, p.key)])
     info = DATASETS.get(str(cfg.dataset))
-    for name, _ in transform_chain(cfg, required):
+    for name, params in transform_chain(cfg, required):
         t = TRANSFORMS[name]
         if info is None:
             continue
@@ -167,6 +155,8 @@ def validate_transform_settings(cfg: DictConfig, required: Sequence[str] = ()) -
         if why:
             raise ConfigError(f"data.transforms: {name} does not fit dataset {cfg.dataset} "
                               f"({why})")
+        if t.check_params is not None:
+            t.check_params(params, info)
 
 
 def _step_key(fd: FederatedData, partition_id: int, seed: int,
