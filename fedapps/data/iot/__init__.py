@@ -7,3 +7,5 @@ under the data root and where the data comes from (`common.require`).
 """
 
 from __future__ import annotations
+
+from fedapps.data.iot import epic_sounds  # noqa: F401
