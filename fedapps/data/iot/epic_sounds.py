@@ -20,8 +20,11 @@ float16 `.npy` in the cache and mapped back, so a process reads only the samples
 
 from __future__ import annotations
 
+import fcntl
 import math
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -55,8 +58,9 @@ WHERE = ("the annotations at https://github.com/epic-kitchens/epic-sounds-annota
          "EPIC-KITCHENS-100 videos via https://github.com/epic-kitchens/"
          "epic-kitchens-download-scripts, their audio extracted to 24 kHz mono and packed into "
          f"{AUDIO} (auditory-slow-fast audio_extraction/wav_to_hdf5.py); no direct download")
-PARAMS = {"n_fft": N_FFT, "win": WIN, "hop": HOP, "mels": N_MELS, "frames": FRAMES, "eps": EPS,
-          "clip": CLIP, "test_clips": TEST_CLIPS, "seed": TRAIN_SEED, "dtype": "float16"}
+PARAMS = {"version": 1, "n_fft": N_FFT, "win": WIN, "hop": HOP, "mels": N_MELS, "frames": FRAMES,
+          "eps": EPS, "clip": CLIP, "test_clips": TEST_CLIPS, "seed": TRAIN_SEED,
+          "dtype": "float16"}  # version: bump when the feature code changes
 
 
 def hz_to_mel(f: np.ndarray | float) -> np.ndarray:
@@ -223,26 +227,50 @@ def _targets(train: pd.DataFrame, test: pd.DataFrame) -> dict[str, np.ndarray]:
             "num_train": np.array(len(rows[0]))}
 
 
+def identity(root: Path) -> str:
+    """Keys the caches: the raw files' names, sizes and mtimes and the preprocessing constants."""
+    folder = root / FOLDER
+    return files_identity([folder / TRAIN_CSV, folder / TEST_CSV, folder / AUDIO], PARAMS)
+
+
+def features_path(ident: str) -> Path:
+    return cache_dir() / "iot" / f"{NAME}-{ident}-x.npy"
+
+
+@contextmanager
+def _exclusive(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on `path`.lock: processes that start together (SuperNodes, Ray
+    workers) wait for the one building the features instead of each building them again."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def load(root: Path, download: bool) -> Pool:
     """The EPIC-SOUNDS pool (train clips, then 5 clips per test segment), its inputs mapped
     from the cache; data.download is the missing-data error (no direct download exists)."""
     check(root)
-    folder = root / FOLDER
-    identity = files_identity([folder / TRAIN_CSV, folder / TEST_CSV, folder / AUDIO], PARAMS)
-    x_path = cache_dir() / "iot" / f"{NAME}-{identity}-x.npy"
+    ident = identity(root)
+    x_path = features_path(ident)
     tables = None
     if not x_path.is_file():
-        _h5py_required()
-        tables = read_tables(root)
-        _build_x(root, x_path, *tables)
-    meta = cached_arrays(NAME, identity, lambda: _targets(*(tables or read_tables(root))))
+        with _exclusive(x_path):
+            if not x_path.is_file():
+                _h5py_required()
+                tables = read_tables(root)
+                _build_x(root, x_path, *tables)
+    meta = cached_arrays(NAME, ident, lambda: _targets(*(tables or read_tables(root))))
     x = np.load(x_path, mmap_mode="c")  # copy-on-write: writable for torch, never written back
     if len(x) != len(meta["y"]):
         raise ConfigError(f"dataset {NAME}: cached {x_path} holds {len(x)} clips, expected "
                           f"{len(meta['y'])}; delete it to rebuild")
     return Pool(torch.from_numpy(x), torch.from_numpy(meta["y"]), int(meta["num_train"]),
                 NUM_CLASSES, normalization="none", client_ids=meta["client_ids"],
-                source=identity, cache_id=f"{NAME}-{identity}")
+                source=ident, cache_id=f"{NAME}-{ident}")
 
 
 DATASETS[NAME] = DatasetInfo(NUM_CLASSES, (1, FRAMES, N_MELS), normalization="none",
