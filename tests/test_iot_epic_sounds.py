@@ -95,6 +95,22 @@ def test_frame_count_and_edge_padding_against_numpy_stft(n: int) -> None:
     np.testing.assert_allclose(mel, reference_log_mel(buffer[:n]), atol=2e-3)
 
 
+def test_matches_librosa_called_as_the_reference_calls_it() -> None:
+    """Only where librosa is installed (not a dependency): pack_audio._log_specgram's calls."""
+    librosa = pytest.importorskip("librosa")
+    fb = librosa.filters.mel(sr=SR, n_fft=2048, n_mels=128, htk=True, norm=None)
+    np.testing.assert_array_equal(es.mel_filterbank().numpy(), fb)
+    clip = (0.3 * np.random.default_rng(1).standard_normal(4801)).astype(np.float32)
+    spec = librosa.stft(clip, n_fft=2048, window="hann", hop_length=120, win_length=240,
+                        pad_mode="constant")
+    want = np.log(fb @ np.abs(spec) + 1e-6).T
+    want = np.pad(want, ((0, 400 - len(want)), (0, 0)), "edge")
+    buffer = torch.zeros(1, 47975)
+    buffer[0, :4801] = torch.from_numpy(clip)
+    got = es.log_mel(buffer, torch.tensor([4801]))[0].numpy()
+    np.testing.assert_allclose(got, want, atol=1e-4)
+
+
 # ---- the loader on a fixture in the raw layout ------------------------------------------------
 
 VIDEO_SECONDS = {"P01_01": 10, "P02_03": 10, "P03_07": 8, "P01_11": 10, "P04_02": 6}
