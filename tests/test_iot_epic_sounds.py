@@ -5,6 +5,7 @@ two annotation CSVs and an HDF5 file of 1-D 24 kHz audio per video, written with
 from __future__ import annotations
 
 import fcntl
+import sys
 import threading
 import time
 from pathlib import Path
@@ -303,6 +304,6 @@ def test_bad_audio_file_and_missing_h5py_are_one_line_errors(
         del f["P01_01"]  # the first video read
     with pytest.raises(ConfigError, match=r"^dataset epic-sounds: no audio for video 'P01_01'"):
         es.load(root, False)
-    monkeypatch.setitem(__import__("sys").modules, "h5py", None)
+    monkeypatch.setitem(sys.modules, "h5py", None)  # as if h5py were not installed
     with pytest.raises(ConfigError, match="pip install h5py"):
         es.load(root, False)

@@ -127,7 +127,7 @@ def clip_windows(table: pd.DataFrame, test: bool) -> tuple[np.ndarray, np.ndarra
     """(annotation row, first sample, sample count) of every clip. A segment shorter than CLIP
     is taken whole; a longer one gives CLIP - 1 samples from an offset in [0, n - CLIP]:
     5 evenly spaced offsets for the test split (rows repeated 5 times), one seeded random offset
-    for train (reference `get_start_end_idx`; it drew one per epoch but preloaded the first).
+    for train (reference `get_start_end_idx`: a new draw per access, but it preloads the first).
     The start_sample/stop_sample columns are the annotation's 24 kHz samples; the reference
     recomputes them from the timestamps, which differs by 1 in 3 of the 8,035 test rows."""
     start = table["start_sample"].to_numpy(np.int64)
@@ -136,7 +136,7 @@ def clip_windows(table: pd.DataFrame, test: bool) -> tuple[np.ndarray, np.ndarra
     rows = np.arange(len(table))
     if test:
         rows = np.repeat(rows, TEST_CLIPS)
-        offset = np.floor(np.tile(np.linspace(0.0, 1.0, TEST_CLIPS), len(table)) * delta[rows])
+        offset = np.floor(np.linspace(0.0, delta, TEST_CLIPS, axis=1).ravel())
     else:
         offset = np.floor(np.random.default_rng(TRAIN_SEED).uniform(0.0, delta))
     long = count[rows] >= CLIP
