@@ -44,7 +44,7 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 class Pool:
     """All samples of a dataset: official train first, then official test."""
 
-    x: torch.Tensor  # uint8 [N, C, H, W] images, float32 [N, *input_shape], or int64 token ids
+    x: torch.Tensor  # uint8 [N, C, H, W] images, float [N, *input_shape], or int64 token ids
     y: torch.Tensor  # int64 labels [N] (classification) or float32 targets [N] / [N, d]
     num_train: int  # the first num_train samples are the official train split
     num_classes: int | None  # None for regression
@@ -143,9 +143,10 @@ class Normalizer:
         return t.view(1, -1, *([1] * (x.dim() - 2)))
 
     def inputs(self, x: torch.Tensor) -> torch.Tensor:
-        """Model inputs from raw pool samples (any leading count)."""
+        """Model inputs from raw pool samples (any leading count); float inputs stored at
+        lower precision (EPIC-SOUNDS' float16 cache) become float32."""
         if self.kind == "none":
-            return x
+            return x.float() if x.is_floating_point() else x
         assert self.mean is not None and self.std is not None
         xf = x.float().div_(255.0) if self.kind == "image" else x.float()
         return (xf - self._view(self.mean, xf)) / self._view(self.std, xf)

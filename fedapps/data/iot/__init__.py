@@ -11,6 +11,7 @@ from __future__ import annotations
 from fedapps.data.iot import (  # noqa: F401  (each module registers its datasets)
     aep,
     casas,
+    epic_sounds,
     ut_har,
     widar,
     wisdm,
