@@ -91,7 +91,8 @@ def validate(cfg: DictConfig, check_data: bool = True) -> None:
 
     _choice(cfg, "data.pool", POOLS)
     fdata.validate_partition_settings(cfg)
-    fdata.validate_transform_settings(cfg, ALGORITHMS[cfg.algorithm].transforms)
+    fdata.validate_transform_settings(cfg, ALGORITHMS[cfg.algorithm].transforms,
+                                      check_files=check_data)
     tf = _number(cfg, "data.test-fraction")
     official = cfg.eval.get("official-test")
     _require(official is None or isinstance(official, bool), "eval.official-test", official,

@@ -82,9 +82,13 @@ def load_matrix(path: str, num_classes: int) -> np.ndarray:
     return q
 
 
-def check_params(params: dict[str, Any], info: DatasetInfo) -> None:
-    """The settings that need each other or the dataset (run at validation)."""
+def check_params(params: dict[str, Any], info: DatasetInfo, check_files: bool = True) -> None:
+    """The settings that need each other or the dataset (run at validation); the matrix file
+    is read only with `check_files` (validation without data, e.g. of a grid's cells, skips
+    it as it skips the dataset's own files)."""
     if params["matrix"] is not None:
+        if not check_files:
+            return
         load_matrix(params["matrix"], int(info.num_classes or 0))
     elif params["row_max_below"] is not None:
         raise ConfigError(f"data.label-noise.row-max-below={params['row_max_below']!r}: "

@@ -81,7 +81,8 @@ class Transform:
     check: Callable[[DatasetInfo], str | None] | None = None  # why the dataset does not fit
     doc: str = ""
     # settings that need each other or the dataset (a file to read): raises ConfigError
-    check_params: Callable[[dict[str, Any], DatasetInfo], None] | None = None
+    # (params, dataset, whether input files such as a confusion matrix are read too)
+    check_params: Callable[[dict[str, Any], DatasetInfo, bool], None] | None = None
 
 
 def _two_classes(info: DatasetInfo) -> str | None:
@@ -130,9 +131,11 @@ def _listed(cfg: DictConfig) -> list[str]:
     return [str(n) for n in raw]
 
 
-def validate_transform_settings(cfg: DictConfig, required: Sequence[str] = ()) -> None:
+def validate_transform_settings(cfg: DictConfig, required: Sequence[str] = (),
+                                check_files: bool = True) -> None:
     """Check data.transforms and the parameters of the transforms it (and the algorithm)
-    uses, from the table; one-line ConfigError naming the key."""
+    uses, from the table; one-line ConfigError naming the key. `check_files` False skips
+    what reads input files (validation without the data)."""
     names = _listed(cfg)
     for n in [*required, *names]:
         if n not in TRANSFORMS:
@@ -156,7 +159,7 @@ def validate_transform_settings(cfg: DictConfig, required: Sequence[str] = ()) -
             raise ConfigError(f"data.transforms: {name} does not fit dataset {cfg.dataset} "
                               f"({why})")
         if t.check_params is not None:
-            t.check_params(params, info)
+            t.check_params(params, info, check_files)
 
 
 def _step_key(fd: FederatedData, partition_id: int, seed: int,
