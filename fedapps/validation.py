@@ -16,6 +16,7 @@ from fedapps.config import load_config
 from fedapps.errors import ConfigError
 from fedapps.models import IMAGE_MODELS, MODELS, PRETRAINED_MODELS, fc_depth
 from fedapps.paths import data_root
+from fedapps.precision import PRECISIONS
 from fedapps.pretrained import check_vgg19_weights
 from fedapps.registry import ALGORITHMS, algo_settings
 from fedapps.settings import as_dict
@@ -144,6 +145,7 @@ def validate(cfg: DictConfig, check_data: bool = True) -> None:
              milestones, "must be positive round numbers")
     decay = _number(cfg, "train.lr-decay")
     _require(0 < decay <= 1, "train.lr-decay", decay, "must be in (0, 1]")
+    _choice(cfg, "train.precision", PRECISIONS)  # what this machine supports: preflight
     _integer(cfg, "eval.eval-every", 1)
     ef = _number(cfg, "eval.fraction")
     _require(0 < ef <= 1, "eval.fraction", ef, "must be in (0, 1]")
