@@ -6,11 +6,20 @@ import numpy as np
 import torch
 from torch import nn
 
+HALF = (torch.float16, torch.bfloat16)
+
+
+def to_numpy(t: torch.Tensor) -> np.ndarray:
+    """A tensor as a NumPy array of its own; half entries (a model trained in fp16 / bf16,
+    fedapps/precision.py) as float32, which holds them exactly and which NumPy has for
+    bfloat16 too, so what is exchanged or kept stays float32."""
+    t = t.detach().cpu()
+    return (t.float() if t.dtype in HALF else t).numpy().copy()
+
 
 def get_arrays(model: nn.Module, prefix: str = "") -> list[np.ndarray]:
     """State entries whose names start with `prefix`, as NumPy arrays in state_dict order."""
-    return [v.detach().cpu().numpy().copy() for k, v in model.state_dict().items()
-            if k.startswith(prefix)]
+    return [to_numpy(v) for k, v in model.state_dict().items() if k.startswith(prefix)]
 
 
 def set_arrays(model: nn.Module, arrays: list[np.ndarray], prefix: str = "") -> None:
@@ -25,7 +34,7 @@ def set_arrays(model: nn.Module, arrays: list[np.ndarray], prefix: str = "") -> 
 def get_named(model: nn.Module, keys: list[str]) -> list[np.ndarray]:
     """The state entries named in `keys`, in that order, as NumPy arrays."""
     state = model.state_dict()
-    return [state[k].detach().cpu().numpy().copy() for k in keys]
+    return [to_numpy(state[k]) for k in keys]
 
 
 def set_named(model: nn.Module, keys: list[str], arrays: list[np.ndarray]) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import os
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -24,6 +25,7 @@ from torch import nn
 
 from clients.arrays import get_arrays, set_arrays
 from fedapps.evaluation import evaluate_sums
+from fedapps.precision import Precision
 from fedapps.settings import AlgoSettings
 from fedapps.tasks import TASKS, Task
 from strategies.plan import CROSS_EVALUATE, TRAIN
@@ -46,6 +48,7 @@ class TrainSettings:
     seed: int
     lr_milestones: tuple[int, ...] = ()  # rounds after which the learning rate is multiplied
     lr_decay: float = 0.1  # by this factor (seed 004's multi-step schedule)
+    precision: str = "fp32"  # fp32 | fp16 | amp | bf16 (fedapps/precision.py)
 
     def lr_at(self, server_round: int) -> float:
         return self.lr * self.lr_decay ** sum(server_round > m for m in self.lr_milestones)
@@ -58,6 +61,7 @@ class BaseClient(NumPyClient):
     """FedAvg behaviour; subclasses override the hooks."""
 
     RESTORED = "fedapps.restored-from-disk"  # node-state marker: this node reloaded its state
+    LOSS_SCALE = "fedapps.amp-loss-scale"  # node state: amp's GradScaler across rounds
 
     def __init__(
         self,
@@ -72,6 +76,7 @@ class BaseClient(NumPyClient):
         task: Task | None = None,
     ) -> None:
         self.device = torch.device(device)
+        self.precision = Precision(settings.precision, self.device)  # first: checks the device
         self.model = model.to(self.device)
         self.data = data
         self.base_data = data  # as built once; a per-round transform redraws from it
@@ -83,6 +88,7 @@ class BaseClient(NumPyClient):
         self.task = task or TASKS["classification"]  # the dataset's: loss and reported sums
         self.generator = torch.Generator()
         self.server_round = 0
+        self._in_precision = False
 
     # ---- Flower API -------------------------------------------------------------------------
     def get_properties(self, config: dict[str, Any]) -> dict[str, Any]:
@@ -109,7 +115,8 @@ class BaseClient(NumPyClient):
         self.use_round_data()
         self.load_global(parameters)
         self.model.train()
-        metrics = self.local_train(config) or {}
+        with self.in_precision():
+            metrics = self.local_train(config) or {}
         return self.upload(), self.num_train_examples(), {
             "partition-id": self.partition_id, "state-from-disk": int(self.restored_from_disk),
             **metrics}
@@ -118,8 +125,10 @@ class BaseClient(NumPyClient):
         self.seed_generator(config, stream=1)
         self.load_global(parameters)
         self.model.eval()
-        n, loss_sum, sums = evaluate_sums(self.predict, self.data.x_test, self.data.y_test,
-                                          self.task, device=self.device)
+        with self.in_precision():
+            n, loss_sum, sums = evaluate_sums(self.precision.predict(self.predict),
+                                              self.data.x_test, self.data.y_test, self.task,
+                                              device=self.device)
         return loss_sum / max(n, 1), n, {
             "partition-id": self.partition_id,
             "state-from-disk": int(self.restored_from_disk),
@@ -144,7 +153,9 @@ class BaseClient(NumPyClient):
         for i in range(num_models):
             self.load_global(parameters[i * size:(i + 1) * size])
             self.model.eval()
-            n, _, sums = evaluate_sums(self.predict, x, y, self.task, device=self.device)
+            with self.in_precision():
+                n, _, sums = evaluate_sums(self.precision.predict(self.predict), x, y,
+                                           self.task, device=self.device)
             scores[f"score-{i}"] = self.task.scores(n, self.task.read(sums))[0]
         return [], n, {"partition-id": self.partition_id, **scores}
 
@@ -214,24 +225,62 @@ class BaseClient(NumPyClient):
         Batches are index slices of in-memory tensors, shuffled by the client's seeded
         generator: no DataLoader, no per-sample Python. `steps`, when given, replaces `epochs`:
         that many minibatches, reshuffling each epoch as the epoch loop does (a fractional E).
+        The training precision applies here (in_precision, batch casts, autocast, loss
+        scaling), so every algorithm and any caller of this loop trains in it; fp32 is the
+        plain loop.
         """
         on_train = x is None or x is self.data.x_train
         x = (self.data.x_train if x is None else x).to(self.device)
         y = (self.data.y_train if y is None else y).to(self.device)
-        opt = optimizer or self.sgd(list(params))
+        prec = self.precision
         # transforms may re-augment rows per batch and count an epoch in other samples (FedAug)
         augment = getattr(self.data, "augment_rows", None) if on_train else None
         epoch_samples = getattr(self.data, "epoch_samples", None) if on_train else None
         total, batches = torch.zeros((), device=self.device), 0
-        for idx in self.batch_indices(len(y), epochs, epoch_samples, steps):
-            xb = x[idx] if augment is None else augment(x, idx, self.generator)
-            opt.zero_grad(set_to_none=True)
-            loss = loss_fn(xb, y[idx])
-            loss.backward()
-            opt.step()
-            total += loss.detach()
-            batches += 1
+        with self.in_precision():
+            opt = optimizer or self.sgd(list(params))
+            scaler = prec.grad_scaler(self.state.get(self.LOSS_SCALE))
+            for idx in self.batch_indices(len(y), epochs, epoch_samples, steps):
+                xb = x[idx] if augment is None else augment(x, idx, self.generator)
+                opt.zero_grad(set_to_none=True)
+                with prec.autocast():
+                    loss = loss_fn(prec.inputs(xb), prec.inputs(y[idx]))
+                if scaler is None:
+                    loss.backward()
+                    opt.step()
+                else:  # amp in float16: scaled loss; steps with inf/NaN gradients skipped
+                    scaler.scale(loss).backward()
+                    scaler.step(opt)
+                    scaler.update()
+                prec.after_step()
+                total += loss.detach()
+                batches += 1
+        if scaler is not None:  # the next round starts from the scale found so far
+            self.state[self.LOSS_SCALE] = ConfigRecord(scaler.state_dict())
         return float(total) / max(batches, 1)
+
+    @contextmanager
+    def in_precision(self) -> Iterator[None]:
+        """fp16 / bf16: the client's modules (every nn.Module attribute: the model, personal
+        models and heads) in the half dtype for the duration, float32 again after, so that
+        what is uploaded or kept is float32 holding the half values. Re-entrant (fit and
+        evaluate enter it, and sgd_epochs for callers that drive the loop directly); fp32 and
+        amp cast nothing."""
+        if not self.precision.casts_modules or self._in_precision:
+            yield
+            return
+        self._in_precision = True
+        self.precision.cast(self.held_modules())
+        try:
+            with self.precision.explained():
+                yield
+        finally:
+            self._in_precision = False
+            self.precision.restore(self.held_modules())
+
+    def held_modules(self) -> list[nn.Module]:
+        """The torch modules this client holds as attributes (what in_precision casts)."""
+        return [m for m in vars(self).values() if isinstance(m, nn.Module)]
 
     def batch_indices(self, n: int, epochs: int, epoch_samples: int | None = None,
                       steps: int | None = None) -> Iterator[torch.Tensor]:

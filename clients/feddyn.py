@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
+from clients.arrays import to_numpy
 from clients.base import BaseClient
 from fedapps.settings import AlgoSettings, setting
 
@@ -44,5 +44,5 @@ class FedDynClient(BaseClient):
         with torch.no_grad():
             new = [g - alpha * (p.detach() - w) for g, p, w in
                    zip(grads, self.model.parameters(), w_global, strict=True)]
-        self.save_state(STATE, [np.ascontiguousarray(g.cpu().numpy()) for g in new])
+        self.save_state(STATE, [to_numpy(g) for g in new])  # float32, also under bf16
         return {"train-loss": mean_loss}

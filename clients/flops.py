@@ -28,7 +28,8 @@ def forward_flops(model: nn.Module, sample_shape: tuple[int, ...]) -> int:
     was_training = model.training
     model.eval()
     with torch.no_grad():
-        model(torch.zeros(1, *sample_shape))
+        first = next(model.parameters())  # the probe in the model's dtype (fp16 training)
+        model(torch.zeros(1, *sample_shape, dtype=first.dtype, device=first.device))
     model.train(was_training)
     for h in hooks:
         h.remove()

@@ -41,7 +41,7 @@ class GpflClient(PersonalHeadClient):
     def conditional_inputs(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(generic, personalized) inputs from the current GCE, as constants."""
         emb = self.model.gce.weight.detach()
-        return emb.mean(0), self.class_shares() @ emb
+        return emb.mean(0), self.class_shares().to(emb.dtype) @ emb  # half under fp16
 
     def local_train(self, config: dict[str, Any]) -> dict[str, Any]:
         lam, eta = self.algo.lambda_, self.algo.eta

@@ -42,7 +42,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig
 
-from clients.arrays import get_arrays, set_arrays
+from clients.arrays import get_arrays, set_arrays, to_numpy
 from clients.base import BaseClient, TrainSettings
 from fedapps import checkpoint, rundir
 from fedapps.config import parse_overrides, squash_overrides, to_container
@@ -115,7 +115,8 @@ def central_train_settings(cfg: DictConfig) -> TrainSettings:
     train.*), train.momentum and weight decay, no schedule."""
     c, t = cfg.centralized, cfg.train
     return TrainSettings(1, int(c["batch-size"] or t["batch-size"]), float(c.lr or t.lr),
-                         float(t.momentum), float(t["weight-decay"]), int(cfg.seed))
+                         float(t.momentum), float(t["weight-decay"]), int(cfg.seed),
+                         precision=str(t.precision))
 
 
 class CentralizedTrainer(BaseClient):
@@ -137,15 +138,16 @@ class CentralizedTrainer(BaseClient):
                 for p in self.model.parameters()]
         if all(b is None for b in bufs):
             return []
-        return [np.zeros(0, np.float32) if b is None else b.detach().cpu().numpy().copy()
-                for b in bufs]
+        return [np.zeros(0, np.float32) if b is None else to_numpy(b) for b in bufs]
 
     def restore(self, arrays: list[np.ndarray], momentum: list[np.ndarray]) -> None:
         set_arrays(self.model, arrays)
         opt = self.sgd(list(self.model.parameters()))
-        for p, buf in zip(self.model.parameters(), momentum, strict=False):
-            if buf.size:
-                opt.state[p]["momentum_buffer"] = torch.from_numpy(buf).to(p.device, p.dtype)
+        with self.in_precision():  # buffers in the dtype each parameter trains in (fp16...)
+            for p, buf in zip(self.model.parameters(), momentum, strict=False):
+                if buf.size:
+                    opt.state[p]["momentum_buffer"] = torch.from_numpy(buf).to(p.device,
+                                                                                 p.dtype)
 
 
 def evaluate(trainer: CentralizedTrainer, splits: CentralSplits, task: Task
@@ -158,7 +160,9 @@ def evaluate(trainer: CentralizedTrainer, splits: CentralSplits, task: Task
     counts = None
     for name, (x, y) in splits.held_out.items():
         batch = EVAL_BATCH if name == CLIENTS_TEST else OFFICIAL_TEST_BATCH
-        n, loss_sum, sums = evaluate_sums(trainer.predict, x, y, task, batch, trainer.device)
+        with trainer.in_precision():  # as the clients evaluate: in the training precision
+            n, loss_sum, sums = evaluate_sums(trainer.precision.predict(trainer.predict), x, y,
+                                              task, batch, trainer.device)
         if name == CLIENTS_TEST:  # as the federation's G (P = G: nothing is personal)
             g, _ = task.scores(n, task.read(sums))
             extras = task.pooled_extras([sums])

@@ -60,7 +60,8 @@ def train_settings(cfg: DictConfig) -> TrainSettings:
     t = cfg.train
     return TrainSettings(int(t["local-epochs"]), int(t["batch-size"]), float(t.lr),
                          float(t.momentum), float(t["weight-decay"]), int(cfg.seed),
-                         tuple(int(m) for m in t["lr-milestones"]), float(t["lr-decay"]))
+                         tuple(int(m) for m in t["lr-milestones"]), float(t["lr-decay"]),
+                         str(t.get("precision", "fp32")))
 
 
 def run_dir(cfg: DictConfig) -> Path:

@@ -17,6 +17,7 @@ from fedapps.errors import ConfigError
 from fedapps.iot_models import TOKEN_MODELS
 from fedapps.models import IMAGE_MODELS, IOT_INPUT_RANKS, MODELS, PRETRAINED_MODELS, fc_depth
 from fedapps.paths import data_root
+from fedapps.precision import PRECISIONS
 from fedapps.pretrained import check_vgg19_weights
 from fedapps.registry import ALGORITHMS, algo_settings
 from fedapps.settings import as_dict
@@ -170,6 +171,7 @@ def validate(cfg: DictConfig, check_data: bool = True) -> None:
     if cfg.centralized["batch-size"] is not None:
         _integer(cfg, "centralized.batch-size", 1)
     _choice(cfg, "centralized.train-data", CENTRAL_DATA)
+    _choice(cfg, "train.precision", PRECISIONS)  # what this machine supports: preflight
     _integer(cfg, "eval.eval-every", 1)
     ef = _number(cfg, "eval.fraction")
     _require(0 < ef <= 1, "eval.fraction", ef, "must be in (0, 1]")

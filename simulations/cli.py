@@ -1,5 +1,6 @@
-"""The `fedapps` console script: fedapps.cli's commands plus `reproduce` (grids of runs) and
-`partition` (look at a partition's skew before spending compute on it)."""
+"""The `fedapps` console script: fedapps.cli's commands plus `reproduce` (grids of runs),
+`partition` (look at a partition's skew before spending compute on it) and `memory` (peak
+training memory per precision, simulations/memory.py)."""
 
 from __future__ import annotations
 
@@ -119,6 +120,22 @@ def _centralized(args: argparse.Namespace) -> int:
                                args.num_threads)
 
 
+def _memory(args: argparse.Namespace) -> int:
+    from simulations.memory import memory_table, table_lines
+
+    precisions = [p for p in args.precisions.split(",") if p]
+    report = memory_table(args.experiment, args.overrides, precisions, args.batches,
+                          args.threads)
+    print("\n".join(table_lines(report)))
+    if args.json:
+        try:
+            Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
+        except OSError as err:
+            raise ConfigError(f"{err.filename}: {err.strerror}") from None
+        print(f"fedapps: wrote {args.json}")
+    return 0
+
+
 def _positive(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: a whole number of runs, at least 1")
@@ -129,8 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
     """fedapps.cli's commands plus `reproduce` and `partition`: the whole `fedapps` script."""
     parser, sub = app_cli.build_parser()
     parser.description = ("Federated learning experiments on Flower: run, validate, resume, "
-                          "deploy-local, node, list, reproduce, partition and centralized. "
-                          "Every command has its own --help.")
+                          "deploy-local, node, list, reproduce, partition, centralized and "
+                          "memory. Every command has its own --help.")
     r = sub.add_parser("reproduce", help="run a grid over seeds; table and plots vs the paper")
     r.add_argument("grid", help="a file in conf/grid (or an experiment preset)")
     r.add_argument("--seeds", type=int, default=None, help="use seeds 0..N-1 (default: the grid's)")
@@ -166,12 +183,25 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--num-threads", type=_positive, default=None, metavar="N",
                    help="torch CPU threads (default: torch's own, all cores; on a shared "
                         "machine 1 avoids oversubscription)")
+    m = sub.add_parser("memory", help="peak training memory and time per batch in each "
+                       "train.precision (seed 004 Table 2.6), each in a fresh process")
+    m.add_argument("experiment", help="preset in conf/experiment")
+    m.add_argument("--precisions", default="fp32,fp16,amp,bf16", metavar="P[,P]",
+                   help="precisions to measure (default: fp32,fp16,amp,bf16)")
+    m.add_argument("--batches", type=_positive, default=20, metavar="N",
+                   help="measured batches of train.batch-size, after one warm-up batch")
+    m.add_argument("--threads", type=_positive, default=1, metavar="N",
+                   help="torch CPU threads of each measurement (default 1)")
+    m.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="e.g. --set device=cuda --set train.batch-size=64")
+    m.add_argument("--json", default=None, metavar="FILE", help="write the numbers as JSON")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     return app_cli.main(argv, build_parser(), {"reproduce": _reproduce, "partition": _partition,
-                                               "centralized": _centralized})
+                                               "centralized": _centralized,
+                                               "memory": _memory})
 
 
 if __name__ == "__main__":

@@ -172,7 +172,7 @@ def run_grid(grid: Grid, overrides: Sequence[str], out_root: Path, runner: Runne
                     f"seed={seed}"]
             cfg = load_config(grid.experiment, sets)
             validate(cfg)  # every cell is checked before the first run starts
-            check_device(str(cfg.device))
+            check_device(str(cfg.device), str(cfg.train.precision))
             plan.append((cell, seed, sets, int(cfg.federation["num-clients"])))
     done, pending = [], []
     for i, (cell, seed, sets, n_clients) in enumerate(plan, 1):

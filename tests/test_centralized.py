@@ -201,3 +201,25 @@ def test_cli_bad_value_is_one_line_and_exit_code_2(capsys):
     assert main(["centralized", "quickstart", "--set", "centralized.epochs=0"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "centralized.epochs=0" in err
+
+
+def test_half_precision_trains_in_half_and_resumes_to_the_same_numbers(tmp_path):
+    """train.precision reaches the centralized baseline (the Table 2.6 memory is centralized
+    training): fp16 numbers differ from fp32's, and a resume after a crash repeats them
+    (momentum buffers kept through the checkpoint)."""
+    _, _, fp32 = run(tmp_path, "fp32", "centralized.epochs=3")
+    _, _, whole = run(tmp_path, "whole", "centralized.epochs=3", "train.precision=fp16")
+    assert [r["train_loss"] for r in whole["rounds"]] != [r["train_loss"] for r in fp32["rounds"]]
+
+    def crash(line):
+        if line.startswith("[fedapps] epoch 2/"):
+            raise RuntimeError("killed")
+
+    with pytest.raises(RuntimeError):
+        run(tmp_path, "cut", "centralized.epochs=3", "train.precision=fp16", progress=crash)
+    _, _, resumed = run(tmp_path, "cut", "centralized.epochs=3", "train.precision=fp16",
+                        mode=rundir.RESUME)
+    assert [r["train_loss"] for r in resumed["rounds"]] == \
+        [r["train_loss"] for r in whole["rounds"]]
+    assert [r["official_test_accuracy"] for r in resumed["rounds"]] == \
+        [r["official_test_accuracy"] for r in whole["rounds"]]
