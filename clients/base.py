@@ -237,8 +237,10 @@ class BaseClient(NumPyClient):
         augment = getattr(self.data, "augment_rows", None) if on_train else None
         epoch_samples = getattr(self.data, "epoch_samples", None) if on_train else None
         total, batches = torch.zeros((), device=self.device), 0
+        clip = self.clip_grad_norm()
         with self.in_precision():
-            opt = optimizer or self.sgd(list(params))
+            params = list(params)
+            opt = optimizer or self.sgd(params)
             scaler = prec.grad_scaler(self.state.get(self.LOSS_SCALE))
             for idx in self.batch_indices(len(y), epochs, epoch_samples, steps):
                 xb = x[idx] if augment is None else augment(x, idx, self.generator)
@@ -247,9 +249,14 @@ class BaseClient(NumPyClient):
                     loss = loss_fn(prec.inputs(xb), prec.inputs(y[idx]))
                 if scaler is None:
                     loss.backward()
+                    if clip is not None:
+                        torch.nn.utils.clip_grad_norm_(params, clip)
                     opt.step()
                 else:  # amp in float16: scaled loss; steps with inf/NaN gradients skipped
                     scaler.scale(loss).backward()
+                    if clip is not None:  # clip the true gradients, not the scaled ones
+                        scaler.unscale_(opt)
+                        torch.nn.utils.clip_grad_norm_(params, clip)
                     scaler.step(opt)
                     scaler.update()
                 prec.after_step()
@@ -258,6 +265,11 @@ class BaseClient(NumPyClient):
         if scaler is not None:  # the next round starts from the scale found so far
             self.state[self.LOSS_SCALE] = ConfigRecord(scaler.state_dict())
         return float(total) / max(batches, 1)
+
+    def clip_grad_norm(self) -> float | None:
+        """Max L2 norm of each step's gradient, or None (no clipping; every algorithm but the
+        partial-training ones, whose reference clips at 1)."""
+        return None
 
     @contextmanager
     def in_precision(self) -> Iterator[None]:

@@ -45,6 +45,9 @@ class PartialSettings(AlgoSettings):
     # masked CE (absent classes' logits set to 0, as the HeteroFL/FedRolex code), classifier
     # rows averaged over the clients holding the class; P = accuracy over the client's classes
     label_mask: bool = setting(False)
+    # gradient-norm clipping of every local step (the FedRolex/HeteroFL code's
+    # clip_grad_norm_(.., 1)); 0: none
+    clip_grad_norm: float = setting(1.0, ge=0)
     roll: str = setting("forward", choices=("forward", "backward"))  # fedrolex's window
     # direction: forward = eq. 3.4 (start j mod K); backward = the FedRolex code ((-j) mod K)
 
@@ -76,6 +79,9 @@ class PartialClient(BaseClient):
 
     def load_global(self, parameters: list[np.ndarray]) -> None:
         set_arrays(self.model, parameters)
+
+    def clip_grad_norm(self) -> float | None:
+        return self.algo.clip_grad_norm or None
 
     @property
     def label_mask(self) -> bool:

@@ -222,3 +222,27 @@ def test_masked_training_loss_gives_absent_classes_a_zero_logit():
     client.local_train({})
     assert seen[0] == pytest.approx(expected, rel=1e-6)
     assert seen[0] != pytest.approx(F.cross_entropy(logits.masked_fill(absent, -1e9), y).item())
+
+
+@pytest.mark.parametrize("clip", [1.0, 0.0])
+def test_local_steps_clip_the_gradient_norm_as_the_reference(clip):
+    """algo.clip-grad-norm (default 1, the FedRolex/HeteroFL code's clip_grad_norm_(.., 1)):
+    one full-batch step equals a hand-written SGD step on the clipped gradient; 0 = none."""
+    import copy
+
+    import torch.nn.functional as F
+
+    client = _two_class_client(label_mask=False)
+    client.algo = PartialSettings(clip_grad_norm=clip)
+    ref = copy.deepcopy(client.model)
+    x, y = client.data.x_train, client.data.y_train
+    loss = F.cross_entropy(ref(x), y)
+    grads = torch.autograd.grad(loss, list(ref.parameters()))
+    norm = torch.sqrt(sum(g.square().sum() for g in grads))
+    assert norm > 1.0  # the case where clipping matters
+    scale = min(1.0, clip / (float(norm) + 1e-6)) if clip else 1.0
+    expected = [p.detach() - 0.01 * scale * g for p, g in zip(ref.parameters(), grads,
+                                                              strict=True)]
+    client.local_train({})
+    for p, e in zip(client.model.parameters(), expected, strict=True):
+        torch.testing.assert_close(p.detach(), e, rtol=1e-4, atol=1e-6)
