@@ -273,9 +273,7 @@ def table(by_cell: dict[str, list[dict[str, Any]]], grid: Grid) -> str:
                 for share in grid.budgets]
     extra = {k for ref in grid.reference.values() for k in ref} - {"G", "P"}
     paper_keys = ["G", "P", *sorted(extra)]
-    lines = [f"| cell | seeds | {' | '.join(name for _, name, _ in metrics)} | "
-             f"{' | '.join(f'paper {k}' for k in paper_keys)} | min/run |",
-             "|" + " --- |" * (len(metrics) + len(paper_keys) + 3)]
+    rows = []
     for label, docs in by_cell.items():
         cells = []
         for key, _, scale in metrics:
@@ -296,8 +294,16 @@ def table(by_cell: dict[str, list[dict[str, Any]]], grid: Grid) -> str:
         paper = [str(ref[k]) if ref.get(k) is not None else "-" for k in paper_keys]
         walls = [d["summary"]["wall_seconds"] for d in docs if "wall_seconds" in d["summary"]]
         minutes = f"{np.mean(walls) / 60:.1f}" if walls else "-"
-        lines.append(f"| {label} | {len(docs)} | {' | '.join(cells)} | {' | '.join(paper)} | "
-                     f"{minutes} |")
+        rows.append((label, len(docs), cells, paper, minutes))
+    # a column no run fills (G and P of a run without client evaluation) is left out
+    keep = [i for i in range(len(metrics)) if any(r[2][i] != "-" for r in rows)] \
+        if rows else list(range(len(metrics)))
+    lines = [f"| cell | seeds | {' | '.join(metrics[i][1] for i in keep)} | "
+             f"{' | '.join(f'paper {k}' for k in paper_keys)} | min/run |",
+             "|" + " --- |" * (len(keep) + len(paper_keys) + 3)]
+    for label, n, cells, paper, minutes in rows:
+        lines.append(f"| {label} | {n} | {' | '.join(cells[i] for i in keep)} | "
+                     f"{' | '.join(paper)} | {minutes} |")
     if grid.source:
         lines.append(f"\nPaper: {grid.source}.")
     return "\n".join(lines) + "\n"

@@ -349,3 +349,4 @@ def test_budget_columns_take_the_best_within_the_first_share_of_rounds():
            "paper 50% |" in md
     # first ceil(2.5) = 3 rounds: 0.5 and 0.4 -> 45.00 ± 7.07; all rounds: 0.6, 0.7 -> 65 ± 7.07
     assert "| 45.00 ± 7.07 | 65.00 ± 7.07 | 68.51 | - | 58.81 |" in md
+    assert "best G" not in md and "best official test |" in md  # no run fills G: left out
