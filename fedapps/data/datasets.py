@@ -442,6 +442,17 @@ def _save_npz(path: Path, **arrays: np.ndarray) -> None:
     tmp.replace(path)
 
 
+def cached_npz(path: Path, make: Callable[[], dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """The arrays in `path`, or `make()` saved there atomically first (allow_pickle=False:
+    plain arrays only), so concurrent processes never read a half-written file."""
+    if path.is_file():
+        with np.load(path, allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
+    arrays = make()
+    _save_npz(path, **arrays)
+    return arrays
+
+
 def _save_npy(path: Path, array: np.ndarray) -> None:
     tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp.npy")
     np.save(tmp, array)

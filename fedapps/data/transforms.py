@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -25,7 +24,7 @@ import numpy as np
 from omegaconf import DictConfig, ListConfig
 
 from fedapps.data import fedaug, label_averaging, label_noise, rebalance
-from fedapps.data.datasets import DATASETS, TASKS, DatasetInfo, cache_dir
+from fedapps.data.datasets import DATASETS, TASKS, DatasetInfo, cache_dir, cached_npz
 from fedapps.data.params import Param, present, read_params
 from fedapps.errors import ConfigError
 
@@ -59,16 +58,8 @@ class TransformContext:
         """Arrays of this step from the on-disk cache, or `make()` saved there atomically
         (allow_pickle=False), so a process that serves one message does not redo the work."""
         dataset = str(self.cfg.dataset)
-        path = cache_dir() / "transforms" / f"{dataset}-{self.name}-{self.cache_key}.npz"
-        if path.is_file():
-            with np.load(path, allow_pickle=False) as z:
-                return {k: z[k] for k in z.files}
-        arrays = make()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.npz")
-        np.savez(tmp, **arrays)
-        tmp.replace(path)
-        return arrays
+        return cached_npz(cache_dir() / "transforms" /
+                          f"{dataset}-{self.name}-{self.cache_key}.npz", make)
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import urllib.request
 import zipfile
@@ -14,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedapps.data.datasets import cache_dir
+from fedapps.data.datasets import cache_dir, cached_npz
 from fedapps.errors import ConfigError
 
 
@@ -42,16 +41,7 @@ def cached_arrays(name: str, identity: str,
                   make: Callable[[], dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     """`make()` once per identity, then read back from `<cache>/iot/<name>-<identity>.npz`
     (allow_pickle=False: only plain arrays, never objects)."""
-    path = cache_dir() / "iot" / f"{name}-{identity}.npz"
-    if path.is_file():
-        with np.load(path, allow_pickle=False) as z:
-            return {k: z[k] for k in z.files}
-    arrays = make()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp.npz")
-    np.savez(tmp, **arrays)
-    tmp.replace(path)
-    return arrays
+    return cached_npz(cache_dir() / "iot" / f"{name}-{identity}.npz", make)
 
 
 def download_file(url: str, path: Path) -> None:
