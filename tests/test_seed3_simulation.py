@@ -13,12 +13,15 @@ CYCLIC = ("rounds=2", "algorithm=fedcyclic", "federation.clients-per-round=4",
 
 
 def test_fed_cyclic_with_label_averaging_and_chains(tmp_path):
-    # (plain Fed-Cyclic runs in tests/test_simulation.py)
-    _, la = run(tmp_path, "quickstart", "la", *CYCLIC, "data.transforms=[label-averaging]",
+    """Two chains of two hops: two Flower rounds per round, one record and one evaluation per
+    round (the relay itself, chains=1, is checked in process in tests/test_steps.py)."""
+    proc, la = run(tmp_path, "quickstart", "la", *CYCLIC, "data.transforms=[label-averaging]",
                 "algo.chains=2")
+    assert [r["round"] for r in la["rounds"]] == [1, 2]
     for r in la["rounds"]:
         assert r["steps"] == 2 and len(r["fit_clients"]) == 4 and r["failures"] == 0
-        assert r["fit_instructions"] == 4
+        assert r["fit_instructions"] == 4 and r["global_accuracy"] is not None
+    assert "round 1/2 step 1/2 done" in proc.stdout + proc.stderr
     cfg = OmegaConf.load(tmp_path / "la" / "config.yaml")
     assert list(cfg.data.transforms) == ["label-averaging"] and cfg.algo.chains == 2
     assert la["summary"]["final_global_accuracy"] > 0.15

@@ -83,10 +83,12 @@ def test_fedreb_simulation_keeps_personal_heads_across_rounds(tmp_path):
 
 
 @pytest.mark.parametrize("algorithm, extra", [
-    ("fedprox", []), ("feddyn", []), ("ditto", ["algo.personal-epochs=1"]),
+    ("feddyn", []), ("ditto", ["algo.personal-epochs=1"]),
     ("fedper", ["algo.shared-prefix=base."]), ("fedrep", ["algo.head-epochs=1"]),
     ("fedbabu", ["algo.finetune-epochs=2"]), ("fedrod", []), ("gpfl", []),
-    ("fedprox", ["algo.mu-mode=auto"]),  # seed 002 (FedNova's runs in tests/test_fednova.py)
+    # FedProx with seed 002's automatic mu (its fixed-mu path differs only in the value of mu;
+    # FedNova's runs are in tests/test_fednova.py)
+    ("fedprox", ["algo.mu-mode=auto"]),
 ])
 def test_baseline_runs_two_rounds_in_a_real_simulation(tmp_path, algorithm, extra):
     _, doc = run(tmp_path, "fedreb-quick", "r", "rounds=2", f"algorithm={algorithm}", *extra)
@@ -103,15 +105,3 @@ def test_fedrolex_runs_with_official_test_accuracy(tmp_path):
         betas = {m["beta"] for m in r["client_fit_metrics"].values()}
         assert betas <= {1.0, 0.5, 0.25, 0.125, 0.0625}
     assert doc["rounds"][-1]["official_test_accuracy"] > 0.15
-
-
-def test_fed_cyclic_relays_in_steps_and_records_one_entry_per_round(tmp_path):
-    """Three hops per round = three Flower rounds; one record and one evaluation per round."""
-    proc, doc = run(tmp_path, "quickstart", "r", "rounds=2", "algorithm=fedcyclic",
-                    "federation.clients-per-round=3", "train.local-epochs=1")
-    assert [r["round"] for r in doc["rounds"]] == [1, 2]
-    for r in doc["rounds"]:
-        assert r["steps"] == 3 and len(r["fit_clients"]) == 3 and r["failures"] == 0
-        assert r["global_accuracy"] is not None and r["fit_instructions"] == 3
-    assert "round 1/2 step 2/3 done" in proc.stdout + proc.stderr
-    assert doc["summary"]["final_global_accuracy"] > 0.15
