@@ -120,6 +120,18 @@ def _centralized(args: argparse.Namespace) -> int:
                                args.num_threads)
 
 
+def _write_outputs(files: dict[str | None, str]) -> None:
+    """Write each requested file (a None path was not asked for); a bad path is one line."""
+    for path, text in files.items():
+        if not path:
+            continue
+        try:
+            Path(path).write_text(text)
+        except OSError as err:
+            raise ConfigError(f"{err.filename}: {err.strerror}") from None
+        print(f"fedapps: wrote {path}")
+
+
 def _memory(args: argparse.Namespace) -> int:
     from simulations.memory import memory_table, table_lines
 
@@ -127,12 +139,17 @@ def _memory(args: argparse.Namespace) -> int:
     report = memory_table(args.experiment, args.overrides, precisions, args.batches,
                           args.threads)
     print("\n".join(table_lines(report)))
-    if args.json:
-        try:
-            Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
-        except OSError as err:
-            raise ConfigError(f"{err.filename}: {err.strerror}") from None
-        print(f"fedapps: wrote {args.json}")
+    _write_outputs({args.json: json.dumps(report, indent=1) + "\n"})
+    return 0
+
+
+def _sizing(args: argparse.Namespace) -> int:
+    from simulations.sizing import markdown, select, sizing_table
+
+    report = sizing_table(select(args.only), args.batches, args.threads)
+    md = markdown(report)
+    print(md, end="")
+    _write_outputs({args.json: json.dumps(report, indent=1) + "\n", args.md: md})
     return 0
 
 
@@ -146,8 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
     """fedapps.cli's commands plus `reproduce` and `partition`: the whole `fedapps` script."""
     parser, sub = app_cli.build_parser()
     parser.description = ("Federated learning experiments on Flower: run, validate, resume, "
-                          "deploy-local, node, list, reproduce, partition, centralized and "
-                          "memory. Every command has its own --help.")
+                          "deploy-local, node, list, reproduce, partition, centralized, "
+                          "memory and sizing. Every command has its own --help.")
     r = sub.add_parser("reproduce", help="run a grid over seeds; table and plots vs the paper")
     r.add_argument("grid", help="a file in conf/grid (or an experiment preset)")
     r.add_argument("--seeds", type=int, default=None, help="use seeds 0..N-1 (default: the grid's)")
@@ -195,13 +212,23 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="e.g. --set device=cuda --set train.batch-size=64")
     m.add_argument("--json", default=None, metavar="FILE", help="write the numbers as JSON")
+    z = sub.add_parser("sizing", help="device sizing: time per batch and round, and peak memory "
+                       "of one client's training, for every model the project ships")
+    z.add_argument("--only", default=None, metavar="NAME[,NAME]",
+                   help="rows whose preset, model or dataset has one of these names")
+    z.add_argument("--batches", type=_positive, default=10, metavar="N",
+                   help="timed batches per row, after one warm-up batch (default 10)")
+    z.add_argument("--threads", type=_positive, default=1, metavar="N",
+                   help="torch CPU threads (default 1: one core of an edge device)")
+    z.add_argument("--json", default=None, metavar="FILE", help="write the numbers as JSON")
+    z.add_argument("--md", default=None, metavar="FILE", help="write the markdown table")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     return app_cli.main(argv, build_parser(), {"reproduce": _reproduce, "partition": _partition,
                                                "centralized": _centralized,
-                                               "memory": _memory})
+                                               "memory": _memory, "sizing": _sizing})
 
 
 if __name__ == "__main__":

@@ -149,11 +149,11 @@ def measure(experiment: str, overrides: list[str], precision: str, batches: int,
 CPU_MALLOC = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}
 
 
-def _child_env() -> dict[str, str]:
-    """This checkout first on the child's path, so the child measures the same code; the
-    malloc settings that make its resident set measure live memory."""
+def _child_env(live_malloc: bool = True) -> dict[str, str]:
+    """This checkout first on the child's path, so the child measures the same code; with
+    `live_malloc`, the malloc settings that make its resident set measure live memory."""
     root = str(Path(__file__).resolve().parent.parent)
-    env = {**os.environ, **CPU_MALLOC}
+    env = {**os.environ, **(CPU_MALLOC if live_malloc else {})}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     return env
 
