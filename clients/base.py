@@ -28,6 +28,7 @@ from fedapps.evaluation import evaluate_sums
 from fedapps.precision import Precision
 from fedapps.settings import AlgoSettings
 from fedapps.tasks import TASKS, Task
+from strategies.phases import local_steps
 from strategies.plan import CROSS_EVALUATE, TRAIN
 
 
@@ -40,7 +41,7 @@ class LocalData(Protocol):
 
 @dataclass(frozen=True)
 class TrainSettings:
-    local_epochs: int
+    local_epochs: int | float  # a fraction runs as a step budget (batch_indices)
     batch_size: int
     lr: float
     momentum: float
@@ -214,7 +215,7 @@ class BaseClient(NumPyClient):
         self,
         params: Iterable[nn.Parameter],
         loss_fn: LossFn,
-        epochs: int,
+        epochs: float,
         x: torch.Tensor | None = None,
         y: torch.Tensor | None = None,
         optimizer: torch.optim.Optimizer | None = None,
@@ -294,14 +295,18 @@ class BaseClient(NumPyClient):
         """The torch modules this client holds as attributes (what in_precision casts)."""
         return [m for m in vars(self).values() if isinstance(m, nn.Module)]
 
-    def batch_indices(self, n: int, epochs: int, epoch_samples: int | None = None,
+    def batch_indices(self, n: int, epochs: float, epoch_samples: int | None = None,
                       steps: int | None = None) -> Iterator[torch.Tensor]:
         """Shuffled minibatch indices into n rows, `epochs` passes. With `epoch_samples` an
         epoch is ceil(epoch_samples / B) steps instead, drawn from reshuffled passes over all n
         rows (FedAug's fair compute, seed 002 section 9 item 14 (a)); `steps` gives the number
         of minibatches directly (phase-shift's fractional E). Either budget reshuffles once per
-        pass, as the epoch loop does, so a whole number of epochs gives the same batches."""
+        pass, as the epoch loop does, so a whole number of epochs gives the same batches.
+        A fractional `epochs` (FedAvg at Table 4.5's raised E, seed 002) becomes a step
+        budget by phase-shift's rule: round(E x ceil(n / B)), n the epoch's samples."""
         b = self.settings.batch_size
+        if steps is None and not float(epochs).is_integer():
+            steps = local_steps(epochs, int(epoch_samples or n), b)
         if epoch_samples is None and steps is None:
             for _ in range(epochs):
                 order = torch.randperm(n, generator=self.generator).to(self.device)

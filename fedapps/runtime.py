@@ -58,7 +58,9 @@ def dataset_task(cfg: DictConfig) -> Task:
 
 def train_settings(cfg: DictConfig) -> TrainSettings:
     t = cfg.train
-    return TrainSettings(int(t["local-epochs"]), int(t["batch-size"]), float(t.lr),
+    epochs = float(t["local-epochs"])  # a fraction: a step budget (clients/base.py)
+    return TrainSettings(int(epochs) if epochs.is_integer() else epochs, int(t["batch-size"]),
+                         float(t.lr),
                          float(t.momentum), float(t["weight-decay"]), int(cfg.seed),
                          tuple(int(m) for m in t["lr-milestones"]), float(t["lr-decay"]),
                          str(t.get("precision", "fp32")))

@@ -151,7 +151,13 @@ def validate(cfg: DictConfig, check_data: bool = True) -> None:
     _require(depth <= max_depth, "model.head-depth", depth,
              f"must be <= {max_depth} (FC layers of model {model})")
 
-    _integer(cfg, "train.local-epochs", 1)
+    epochs = _number(cfg, "train.local-epochs")
+    _require(epochs > 0, "train.local-epochs", epochs,
+             "must be > 0 (a fraction runs round(E x ceil(n/B)) minibatch steps)")
+    if not float(epochs).is_integer() and cfg.algo.get("stage-order") == "interleaved":
+        raise ConfigError(f"train.local-epochs={epochs!r}: FedReb's interleaved stages "
+                          "alternate whole epochs; use a whole number or "
+                          "algo.stage-order=sequential")
     _integer(cfg, "train.batch-size", 1)
     lr = _number(cfg, "train.lr")
     _require(lr > 0, "train.lr", lr, "must be > 0")

@@ -131,6 +131,43 @@ def test_steps_option_repeats_the_epoch_loop_and_stops_mid_epoch(setup):
     assert len(calls) == per_epoch + 2
 
 
+def test_fedavg_trains_a_fractional_e_as_the_step_budget_of_phase_shift(setup):
+    """Table 4.5's FedAvg at E = 10.7 (seed 002): train.local-epochs takes a fraction, run as
+    round(E x ceil(n/B)) minibatches, the same batches as the steps option."""
+    cfg, fd = setup
+    frac = dataclasses.replace(train_settings(cfg), local_epochs=2.4)
+    client = FedAvgClient(make_model(cfg), fd.client(0), frac, 0)
+    by_steps = FedAvgClient(make_model(cfg), fd.client(0), train_settings(cfg), 0)
+    n, b = len(fd.client(0).y_train), frac.batch_size
+    budget = local_steps(2.4, n, b)
+    assert budget == int(2.4 * -(-n // b) + 0.5) and budget % -(-n // b) != 0  # mid-epoch
+    seen = []
+    loss = client.task_loss(client.model)
+    client.seed_generator({"server-round": 1}, stream=0)
+    client.sgd_epochs(client.model.parameters(), lambda x, y: seen.append(len(y)) or loss(x, y),
+                      frac.local_epochs)
+    assert len(seen) == budget
+    by_steps.seed_generator({"server-round": 1}, stream=0)
+    by_steps.sgd_epochs(by_steps.model.parameters(), by_steps.task_loss(by_steps.model), 0,
+                        steps=budget)
+    assert same(get_arrays(client.model), get_arrays(by_steps.model))
+    # through the config: the whole fit, and a whole number stays the epoch loop
+    assert train_settings(validated("quickstart", "train.local-epochs=10.7")).local_epochs \
+        == 10.7
+    assert type(train_settings(validated("quickstart", "train.local-epochs=2.0")).local_epochs) \
+        is int
+    with pytest.raises(ConfigError, match="must be > 0"):
+        validated("quickstart", "train.local-epochs=0")
+    with pytest.raises(ConfigError, match="interleaved stages alternate whole epochs"):
+        validated("fedreb-quick", "train.local-epochs=1.5")
+
+
+def validated(experiment, *overrides):
+    cfg = load_config(experiment, list(overrides))
+    validate(cfg)
+    return cfg
+
+
 def phase_client(setup, pid, tmp_path, **algo):
     cfg, fd = setup
     frozen = dataclasses.replace(train_settings(cfg), lr=0.0)  # training leaves w unchanged
