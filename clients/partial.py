@@ -41,6 +41,8 @@ class PartialSettings(AlgoSettings):
     rho: float = setting(0.5, ge=0)  # capacity rho: share of clients at the largest level
     assignment: str = setting("dynamic", choices=("dynamic", "fixed"))  # redrawn every round?
     server_scale: float = setting(1.0, ge=1)  # gamma: global width over the largest client's
+    # Table 3.4 as the FedRolex code defines it (strategies/partial.py): conv kernels weighted
+    # by the layer's local width / the entry's update count / both; none = equal (eq. 3.10)
     weighting: str = setting("none", choices=("none", "model-size", "model-update", "hybrid"))
     # masked CE (absent classes' logits set to 0, as the HeteroFL/FedRolex code), classifier
     # rows averaged over the clients holding the class; P = accuracy over the client's classes
@@ -50,10 +52,17 @@ class PartialSettings(AlgoSettings):
     clip_grad_norm: float = setting(1.0, ge=0)
     roll: str = setting("forward", choices=("forward", "backward"))  # fedrolex's window
     # direction: forward = eq. 3.4 (start j mod K); backward = the FedRolex code ((-j) mod K)
+    # feddropout's subsets: per-width (one draw per layer width, shared by the layers of that
+    # width, so a residual addition adds the same channels on both sides: DECISIONS, A15) or
+    # per-layer (every conv its own draw, as the FedRolex/HeteroFL code's randperm per layer)
+    random_draw: str = setting("per-width", choices=("per-width", "per-layer"))
 
     def check_run(self, cfg: Any) -> None:
         """These methods build their own width models (algo.model, algo.hidden), so a model.*
         value other than the dataset's would be silently ignored: refuse it."""
+        if self.random_draw != "per-width" and cfg.algorithm != "feddropout":
+            raise ConfigError(f"algo.random-draw={self.random_draw!r}: only feddropout draws "
+                              f"random subsets ({cfg.algorithm} does not)")
         implied = dataset_defaults(str(cfg.dataset)).model
         for key, value in cfg.model.items():
             if value != implied.get(key):

@@ -280,6 +280,9 @@ class WidthCNN(nn.Module):
     def group_widths(self) -> dict[str, int]:
         return {f"w{h}": h for h in self.hidden}
 
+    def layer_groups(self) -> tuple[list[tuple[str | None, ...]], dict[str, int]]:
+        return layer_groups(self)
+
 
 def _norm(channels: int) -> nn.Module:
     """Static BatchNorm (HeteroFL's sBN): no running statistics, batch statistics always."""
@@ -335,6 +338,9 @@ class PreResNet18(nn.Module):
     def group_widths(self) -> dict[str, int]:
         return {f"w{h}": h for h in self.hidden}
 
+    def layer_groups(self) -> tuple[list[tuple[str | None, ...]], dict[str, int]]:
+        return layer_groups(self)
+
 
 def width_groups(model: nn.Module) -> list[tuple[str | None, ...]]:
     """Width group of every dimension of every state entry of a full-width model: a layer with
@@ -357,3 +363,35 @@ def width_groups(model: nn.Module) -> list[tuple[str | None, ...]]:
         else:  # conv bias, norm weight and bias
             groups.append((f"w{value.shape[0]}",))
     return groups
+
+
+def layer_groups(model: nn.Module) -> tuple[list[tuple[str | None, ...]], dict[str, int]]:
+    """Per-layer groups (Federated Dropout's independent draws, as the FedRolex/HeteroFL code
+    draws a subset per conv): every convolution's output channels are a group of their own,
+    named by the layer, and what follows it in state order (its bias, the next norm, the next
+    layer's input channels, the classifier's inputs) uses that group. A projection shortcut
+    takes its block's input group (its sibling conv1's) and the block's output group, as the
+    reference; an identity shortcut then adds two different groups. Returns (the group of
+    every dimension of every state entry, as `width_groups`; each group's full width)."""
+    kinds = {name: module for name, module in model.named_modules()
+             if isinstance(module, nn.Conv2d | nn.BatchNorm2d | nn.Linear)}
+    groups: list[tuple[str | None, ...]] = []
+    widths: dict[str, int] = {}
+    inputs_of: dict[str, str | None] = {}  # conv -> the group of its input channels
+    current: str | None = None  # the group of the channels flowing at this point (None: input)
+    for key in model.state_dict():
+        owner, _, param = key.rpartition(".")
+        module = kinds[owner]
+        if isinstance(module, nn.Linear):
+            groups.append((None, current) if param == "weight" else (None,))
+        elif isinstance(module, nn.Conv2d) and param == "weight":
+            if owner.endswith("shortcut"):
+                sibling = owner[: -len("shortcut")] + "conv1"
+                groups.append((current, inputs_of[sibling], None, None))
+                continue
+            inputs_of[owner], current = current, owner
+            widths[owner] = module.out_channels
+            groups.append((owner, inputs_of[owner], None, None))
+        else:  # conv bias, norm weight and bias
+            groups.append((current,))
+    return groups, widths

@@ -88,12 +88,20 @@ def _width_model(cfg: DictConfig, beta: float = 1.0) -> torch.nn.Module:
     return cls(info.shape[0], info.num_classes, algo.hidden, beta=beta)
 
 
+def _partial_kwargs(cfg: DictConfig, model: Any) -> dict[str, Any]:
+    """The index groups (per width, or per layer for feddropout's algo.random-draw=per-layer)
+    and, for label-masked classifier rows, the classes each client trains on."""
+    per_layer = getattr(algo_settings(cfg), "random_draw", "per-width") == "per-layer"
+    specs, widths = model.layer_groups() if per_layer else \
+        (model.param_groups(), model.group_widths())
+    return {"specs": specs, "widths": widths,
+            "train_classes": (federated_data(cfg).counts("train") > 0).tolist()}
+
+
 PARTIAL = {
     "settings": PartialSettings,
     "model": _width_model,
-    "strategy_kwargs": lambda cfg, model: {
-        "specs": model.param_groups(), "widths": model.group_widths(),
-        "train_classes": (federated_data(cfg).counts("train") > 0).tolist()},
+    "strategy_kwargs": _partial_kwargs,
     "client_kwargs": lambda cfg: {"model_factory": lambda beta: _width_model(cfg, beta)},
     "official_test": True,
     "tasks": ("classification",),  # image width models with a class head

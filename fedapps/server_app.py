@@ -12,7 +12,7 @@ from flwr.server import ServerApp, ServerAppComponents, ServerConfig
 from clients.arrays import get_arrays, set_arrays
 from fedapps import checkpoint, rundir
 from fedapps.config import clients_per_round, parse_overrides, squash_overrides, to_container
-from fedapps.data import check_available, federated_data
+from fedapps.data import check_available, clients_hold_test, federated_data
 from fedapps.errors import ConfigError
 from fedapps.evaluation import evaluate_sums, summarize_central
 from fedapps.paths import data_root
@@ -121,7 +121,7 @@ def server_fn(context: Context) -> ServerAppComponents:
         eval_fraction=float(cfg.eval.fraction),
         algo=algo_settings(cfg),
         central_eval=official_test_eval(cfg, data) if official_test_wanted(cfg) else None,
-        client_eval=float(cfg.data["test-fraction"]) > 0,
+        client_eval=clients_hold_test(cfg),
         on_too_few=str(fed["on-too-few"]),
         on_stop=writer.stop,
         task=dataset_task(cfg),

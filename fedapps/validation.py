@@ -99,7 +99,12 @@ def validate(cfg: DictConfig, check_data: bool = True) -> None:
     _require(official is None or isinstance(official, bool), "eval.official-test", official,
              "must be true, false or null")
     _require(0 <= tf < 1, "data.test-fraction", tf, "must be in [0, 1)")
-    _require(tf > 0 or official is True, "data.test-fraction", tf,
+    local_test = _choice(cfg, "data.local-test", fdata.LOCAL_TESTS)
+    _require(local_test == "split" or cfg.data.pool == "official", "data.local-test",
+             local_test, "needs data.pool=official (clients test on the official test split)")
+    _require(local_test == "split" or task == "classification", "data.local-test",
+             local_test, f"needs class labels; dataset {dataset} is {task}")
+    _require(tf > 0 or official is True or local_test != "split", "data.test-fraction", tf,
              "0 leaves clients no local test split: set eval.official-test=true (the global "
              "model is then evaluated on the official test split only)")
     _require(official is not True or cfg.data.pool == "official", "eval.official-test",

@@ -70,7 +70,8 @@ def group_indices(widths: dict[str, int], scheme: str, beta: float, round_index:
     return {g: node_indices(scheme, k, beta, round_index, rng) for g, k in sorted(widths.items())}
 
 
-def _selector(spec: ParamSpec, index: dict[str, np.ndarray], shape: tuple[int, ...]):
+def selector(spec: ParamSpec, index: dict[str, np.ndarray], shape: tuple[int, ...]):
+    """Open-mesh index of one array's entries that a sub-model with these index sets holds."""
     return np.ix_(*[index[g] if g is not None else np.arange(n)
                     for g, n in zip(spec.groups, shape, strict=True)])
 
@@ -78,16 +79,22 @@ def _selector(spec: ParamSpec, index: dict[str, np.ndarray], shape: tuple[int, .
 def extract(global_arrays: Sequence[np.ndarray], specs: Sequence[ParamSpec],
             index: dict[str, np.ndarray]) -> list[np.ndarray]:
     """The sub-model: every array cut down to the selected nodes of its groups."""
-    return [np.ascontiguousarray(a[_selector(s, index, a.shape)])
+    return [np.ascontiguousarray(a[selector(s, index, a.shape)])
             for a, s in zip(global_arrays, specs, strict=True)]
 
 
+# a client's weight: one for all its arrays, or one per array (a number, or an array of the
+# sub-array's shape: one weight per entry, e.g. the FedRolex code's update counts)
+Weight = float | Sequence[float | np.ndarray]
+
+
 def selective_average(global_arrays: Sequence[np.ndarray], specs: Sequence[ParamSpec],
-                      uploads: Sequence[tuple[dict[str, np.ndarray], Sequence[np.ndarray], float]],
+                      uploads: Sequence[tuple[dict[str, np.ndarray], Sequence[np.ndarray], Weight]],
                       class_rows: Sequence[np.ndarray | None] | None = None,
                       class_arrays: frozenset[int] = frozenset()) -> list[np.ndarray]:
     """Eq. 3.10: each global entry becomes the (weighted) mean over the clients whose sub-model
-    holds it; entries no client held this round keep their value. With `class_rows` (per
+    holds it; entries no client held this round keep their value. A client's weight is one
+    number or one per array (see `Weight`). With `class_rows` (per
     upload, a boolean mask over the classes, or None for all), the rows of the arrays in
     `class_arrays` (the classifier's weight and bias, first dimension = class) count only for
     the clients that hold the class: the HeteroFL/FedRolex code's `label_split`."""
@@ -95,8 +102,9 @@ def selective_average(global_arrays: Sequence[np.ndarray], specs: Sequence[Param
     for i, (g, spec) in enumerate(zip(global_arrays, specs, strict=True)):
         total = np.zeros(g.shape, dtype=np.float64)
         weight = np.zeros(g.shape, dtype=np.float64)
-        for u, (index, arrays, w) in enumerate(uploads):
-            sel = _selector(spec, index, g.shape)
+        for u, (index, arrays, weights) in enumerate(uploads):
+            w = weights[i] if isinstance(weights, Sequence) else weights
+            sel = selector(spec, index, g.shape)
             rows = None if class_rows is None or i not in class_arrays else class_rows[u]
             held = np.ones(g.shape, dtype=np.float64) if rows is None else np.broadcast_to(
                 np.asarray(rows, dtype=np.float64).reshape(-1, *([1] * (g.ndim - 1))), g.shape)

@@ -64,6 +64,8 @@ def test_clients_per_round():
     (["rounds"], "override 'rounds': expected key=value"),
     (["algorithm=fedrolex", "algo.weighting=size"],
      "algo.weighting='size': allowed: none, model-size, model-update, hybrid"),
+    (["algorithm=fedrolex", "algo.random-draw=per-layer"],
+     "algo.random-draw='per-layer': only feddropout draws random subsets (fedrolex does not)"),
     (["algorithm=heterofl", "algo.capacity=zipf"],
      "algo.capacity='zipf': allowed: uniform, rho, income"),
     (["algorithm=feddropout", "algo.levels=[1.5]"],

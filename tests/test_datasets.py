@@ -204,3 +204,67 @@ def test_fmnist_pool_is_mapped_from_the_cache_and_normalizes_as_fitted():
     Normalizer.for_pool(pool)  # fitted and cached if it was not yet
     cached, fitted = Normalizer.for_pool(pool), Normalizer.fit(pool)
     assert torch.equal(cached.mean, fitted.mean) and torch.equal(cached.std, fitted.std)
+
+
+# ---- data.local-test=official-classes (seed 004, the FedRolex/HeteroFL code's data use) --------
+REFERENCE_DATA = ["data.pool=official", "data.partitioner=shards", "data.labels-per-client=2",
+                  "data.local-test=official-classes"]
+
+
+def test_reference_data_use_trains_on_whole_shards_and_tests_on_own_classes_official_test():
+    """Clients train on their whole shard of the official train split; each class's official
+    test samples are dealt in equal shares to the clients holding the class (the reference's
+    non_iid(test, label_split)), checked here against a recount from the partitioner itself."""
+    from fedapps.data import PartitionInput, partition_key
+    from fedapps.data.partition import run_partitioner
+
+    cfg = load_config("quickstart", REFERENCE_DATA)
+    fd = federated_data(cfg)
+    pool, n_train = fd.pool, fd.pool.num_train
+    labels = pool.y.numpy()
+    key = partition_key(cfg)
+    assert key["local_test"] == "official-classes" and "test_fraction" not in key
+    shards = run_partitioner("shards", PartitionInput(n_train, labels=labels[:n_train],
+                                                      num_classes=10),
+                             10, 0, key["params"])
+    for k in range(10):  # the whole shard trains; nothing of it is held back
+        assert fd.train_idx[k].tolist() == sorted(shards[k].tolist())
+    tested = np.concatenate(fd.test_idx)
+    assert len(np.unique(tested)) == len(tested) and tested.min() >= n_train  # disjoint, official
+    for c in range(10):
+        holders = [k for k in range(10) if np.any(labels[shards[k]] == c)]
+        sizes = [int(np.sum(labels[fd.test_idx[k]] == c)) for k in holders]
+        n_c = int(np.sum(labels[n_train:] == c))
+        assert sum(sizes) == n_c and max(sizes) - min(sizes) <= 1  # equal shares, all of them
+        others = [k for k in range(10) if k not in holders]
+        assert all(not np.any(labels[fd.test_idx[k]] == c) for k in others)
+    assert sum(len(t) for t in fd.test_idx) == len(pool) - n_train  # every class is held here
+    client = fd.client(3)
+    assert len(client.y_train) == len(shards[3])
+    assert set(client.y_test.tolist()) <= set(client.y_train.tolist())
+
+
+def test_the_default_split_keeps_its_partition_key():
+    from fedapps.data import clients_hold_test, partition_key
+
+    key = partition_key(load_config("quickstart"))
+    assert "local_test" not in key and key["test_fraction"] == 0.25  # caches stay valid
+    assert not clients_hold_test(load_config("quickstart", ["data.test-fraction=0"]))
+    assert clients_hold_test(load_config("quickstart", [*REFERENCE_DATA, "data.test-fraction=0"]))
+
+
+@pytest.mark.parametrize("experiment,overrides,message", [
+    ("quickstart", ["data.local-test=official"],
+     "data.local-test='official': allowed: split, official-classes"),
+    ("quickstart", ["data.local-test=official-classes"],
+     "data.local-test='official-classes': needs data.pool=official"),
+    ("regression-quick", ["data.pool=official", "data.local-test=official-classes"],
+     "data.local-test='official-classes': needs class labels; dataset diabetes is regression"),
+])
+def test_local_test_option_is_validated_in_one_line(experiment, overrides, message):
+    from fedapps.config import ConfigError
+    from fedapps.validation import resolve_config
+
+    with pytest.raises(ConfigError) as err:
+        resolve_config(experiment, overrides, check_data=False)
+    assert message in str(err.value) and "\n" not in str(err.value)

@@ -88,26 +88,109 @@ def test_selective_averaging_in_a_round_with_two_capacities():
     assert np.all(conv[:2] == 2.0) and np.all(conv[2:] == 1.0)
 
 
-@pytest.mark.parametrize("weighting,expected_shared", [
-    ("none", 2.0),                                    # (1 + 3) / 2
-    ("model-size", None),                             # by parameter count, computed below
-    ("model-update", (1.0 * 10 + 3.0 * 30) / 40),     # by samples: 10 and 30
+def _aggregate_round(s, rnd, betas, values):
+    """One round of `s` with the given capacity and constant upload value per client."""
+    s.beta = lambda r, pid: betas[pid]
+    pids = sorted(betas)
+    subs = sent(s, rnd, pids)
+    res = [(None, upload(pid, [np.full_like(a, values[pid]) for a in arrs]))
+           for pid, arrs in zip(pids, subs, strict=True)]
+    params, _ = s.aggregate_fit(rnd, res, [])
+    return parameters_to_ndarrays(params)
+
+
+@pytest.mark.parametrize("weighting,conv_shared", [
+    ("none", 2.0),                       # (1 + 3) / 2
+    ("model-size", (8 * 1.0 + 2 * 3.0) / 10),  # local widths 8 and 2 (FedRolex code: width)
 ])
-def test_table_3_4_weighting_schemes(weighting, expected_shared):
+def test_table_3_4_size_weighting_is_the_layers_local_width_on_conv_kernels_only(
+        weighting, conv_shared):
+    """Table 3.4 as the FedRolex code: the weight is the conv layer's local width (its output
+    channels in the client's sub-model) and only conv kernels are weighted; the conv bias,
+    the norm and the classifier keep equal weights."""
     model = WidthCNN(1, 10, (8,))
     s = make(HeteroFL, model, algo={"levels": [1.0, 0.25], "weighting": weighting}, n=2)
-    s.beta = lambda rnd, pid: [1.0, 0.25][pid]
-    big, small = sent(s, 1, [0, 1])
-    res = [FitRes(Status(Code.OK, ""), ndarrays_to_parameters([np.full_like(a, v) for a in arrs]),
-                  n, {"partition-id": pid})
-           for pid, arrs, v, n in ((0, big, 1.0, 10), (1, small, 3.0, 30))]
-    params, _ = s.aggregate_fit(1, [(None, r) for r in res], [])
-    conv = parameters_to_ndarrays(params)[0]
-    if expected_shared is None:
-        w_big, w_small = sum(a.size for a in big), sum(a.size for a in small)
-        assert w_big > w_small  # the full model holds more parameters
-        expected_shared = (1.0 * w_big + 3.0 * w_small) / (w_big + w_small)
-    assert np.allclose(conv[:2], expected_shared) and np.all(conv[2:] == 1.0)
+    out = _aggregate_round(s, 1, {0: 1.0, 1: 0.25}, {0: 1.0, 1: 3.0})
+    conv, conv_bias, norm_w, _, cls_w, cls_b = out  # client 1 holds channels 0, 1
+    assert np.allclose(conv[:2], conv_shared) and np.all(conv[2:] == 1.0)
+    for shared in (conv_bias[:2], norm_w[:2], cls_w[:, :2], cls_b):
+        assert np.allclose(shared, 2.0)
+    assert np.all(conv_bias[2:] == 1.0) and np.all(cls_w[:, 2:] == 1.0)
+
+
+def test_table_3_4_update_weighting_counts_each_entrys_updates_as_the_reference():
+    """model-update / hybrid: each conv entry weighs its update count (1 + earlier holders),
+    counted as the FedRolex code's loop does: later clients of a round read the increments of
+    the earlier ones, except in the first state entry (read at the round's start)."""
+    model = WidthCNN(1, 10, (8, 8))  # conv kernels: arrays 0 (first entry) and 4, [8, 8, 3, 3]
+    s = make(HeteroFL, model, algo={"levels": [1.0, 0.5, 0.25], "weighting": "model-update"},
+             n=3)
+    betas, values = {0: 1.0, 1: 0.25, 2: 0.5}, {0: 1.0, 1: 3.0, 2: 5.0}
+    out = _aggregate_round(s, 1, betas, values)
+    first, second, bias = out[0], out[4], out[1]
+    # first entry: counts at the round's start (all 1) -> plain means
+    assert np.allclose(first[:2], 3.0) and np.allclose(first[2:4], 3.0) and np.all(first[4:] == 1)
+    # second conv: running counts 1, 2, 3 where all three hold it; 1, 2 where clients 0 and 2
+    assert np.allclose(second[:2, :2], (1 * 1 + 2 * 3 + 3 * 5) / 6)
+    assert np.allclose(second[2:4, 2:4], (1 * 1 + 2 * 5) / 3)
+    assert np.allclose(second[:2, 2:4], (1 * 1 + 2 * 5) / 3)
+    assert np.all(second[4:] == 1.0) and np.all(second[:, 4:] == 1.0)
+    assert np.allclose(bias[:2], 3.0)  # not a conv kernel: equal weights
+    counts = s.state_arrays()["update-counts"]  # server state, in the checkpoint
+    assert counts[1][0, 0, 0, 0] == 4 and counts[1][3, 3, 0, 0] == 3 and counts[1][7, 7, 0, 0] == 2
+    restored = make(HeteroFL, model, algo={"levels": [1.0, 0.5, 0.25],
+                                           "weighting": "model-update"}, n=3)
+    restored.load_state_arrays(s.state_arrays())
+    assert all(np.array_equal(a, b) for a, b in zip(restored.update_counts.values(),
+                                                     s.update_counts.values(), strict=True))
+    # round 2: entry [0, 0] starts at count 4; client 1 reads 4, client 2 reads 5
+    out = _aggregate_round(s, 2, {1: 1.0, 2: 0.25}, {1: 2.0, 2: 6.0})
+    assert np.allclose(out[4][:2, :2], (4 * 2.0 + 5 * 6.0) / 9)
+    assert np.allclose(out[0][:2], 4.0)  # first entry: both read the round-start count 4
+    hybrid = make(HeteroFL, model, algo={"levels": [1.0, 0.5, 0.25], "weighting": "hybrid"},
+                  n=3)
+    out = _aggregate_round(hybrid, 1, betas, values)
+    # widths 8, 2, 4 times running counts 1, 2, 3
+    assert np.allclose(out[4][:2, :2], (8 * 1 * 1.0 + 2 * 2 * 3.0 + 4 * 3 * 5.0) / (8 + 4 + 12))
+    assert np.allclose(out[0][:2], (8 * 1.0 + 2 * 3.0 + 4 * 5.0) / 14)  # first: widths only
+
+
+def test_feddropout_per_layer_draws_every_conv_independently_as_the_reference():
+    """algo.random-draw=per-layer: one random subset per conv (the reference's randperm per
+    layer); norms and the next layer's inputs follow the conv before them, a projection
+    shortcut maps the block's input set to its output set, the classifier reads the last."""
+    from clients.arrays import set_arrays
+    from fedapps.models import PreResNet18
+
+    hidden = (8, 16, 32, 64)
+    full, sub = PreResNet18(3, 10, hidden), PreResNet18(3, 10, hidden, beta=0.5)
+    specs, widths = full.layer_groups()
+    assert len(widths) == 17 and widths["layers.2.conv1"] == 16  # stem + 16 block convs
+    s = FedDropout(initial_arrays=get_arrays(full), array_names=list(full.state_dict()),
+                   num_rounds=3, num_clients=1, clients_per_round=1, seed=0,
+                   algo=build_settings(PartialSettings, {"levels": [0.5],
+                                                         "random-draw": "per-layer"}),
+                   specs=specs, widths=widths)
+    plan = s.open_step(1, 0, [0])
+    idx, arrays = plan.get(0).facts["index"], plan.get(0).arrays
+    assert all(len(idx[g]) == widths[g] // 2 for g in widths)
+    assert idx["layers.0.conv1"].tolist() != idx["layers.0.conv2"].tolist()  # independent
+    g = dict(zip(full.state_dict(), s.global_arrays, strict=True))
+    a = dict(zip(full.state_dict(), arrays, strict=True))
+    ix = np.ix_
+    assert np.array_equal(a["layers.1.bn1.weight"], g["layers.1.bn1.weight"][idx["layers.0.conv2"]])
+    assert np.array_equal(a["layers.1.conv1.weight"], g["layers.1.conv1.weight"][
+        ix(idx["layers.1.conv1"], idx["layers.0.conv2"])])
+    assert np.array_equal(a["layers.2.shortcut.weight"], g["layers.2.shortcut.weight"][
+        ix(idx["layers.2.conv2"], idx["layers.1.conv2"])])
+    assert np.array_equal(a["classifier.weight"],
+                          g["classifier.weight"][:, idx["layers.7.conv2"]])
+    set_arrays(sub, arrays)  # the client's width-1/2 model takes them
+    sub(torch.randn(2, 3, 32, 32)).sum().backward()
+    # the default shares one draw per width: both convs of block 0 (width 8) get one set
+    per_width = make(FedDropout, full, algo={"levels": [0.5]}, n=1)
+    assert set(per_width.open_step(1, 0, [0]).get(0).facts["index"]) == {"w8", "w16", "w32",
+                                                                         "w64"}
 
 
 def test_the_three_schemes_differ_only_in_the_index_sets():

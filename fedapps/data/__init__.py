@@ -41,6 +41,7 @@ from fedapps.data.partition import (
     SolveContext,
     class_counts,
     emd,
+    official_test_shares,
     resolve_params,
     run_partitioner,
     split_train_test,
@@ -56,9 +57,10 @@ from fedapps.paths import data_root
 
 T = TypeVar("T")
 
-__all__ = ["DATASETS", "PARTITIONERS", "TRANSFORMS", "ClientData", "DatasetInfo",
-           "FederatedData", "Normalizer", "Param", "Partitioner", "Pool", "Transform",
-           "apply_transforms", "check_available", "federated_data", "make_federated",
+__all__ = ["DATASETS", "LOCAL_TESTS", "PARTITIONERS", "TRANSFORMS", "ClientData",
+           "DatasetInfo", "FederatedData", "Normalizer", "Param", "Partitioner", "Pool",
+           "Transform", "apply_transforms", "check_available", "clients_hold_test",
+           "federated_data", "make_federated",
            "partition_key", "partition_params", "validate_partition_settings",
            "validate_transform_settings"]
 
@@ -188,6 +190,16 @@ class FederatedData:
 
 
 PARTITION_FORMAT = 2  # bump when the index files or the split change meaning
+# data.local-test: `split` = each client's shard split by data.test-fraction (75/25);
+# `official-classes` = the FedRolex/HeteroFL code's data use (seed 004): clients train on
+# their whole shard and test on a share of the official test split of their own classes
+LOCAL_TESTS = ("split", "official-classes")
+
+
+def clients_hold_test(cfg: DictConfig) -> bool:
+    """Whether clients have a local test split to evaluate on (not with test-fraction 0 and
+    the split: FedAIoT's centralized test)."""
+    return cfg.data.get("local-test", "split") != "split" or float(cfg.data["test-fraction"]) > 0
 
 
 @lru_cache(maxsize=8)
@@ -239,6 +251,10 @@ def partition_key(cfg: DictConfig) -> dict:
         "num_clients": int(cfg.federation["num-clients"]), "seed": int(cfg.seed),
         "version": PARTITION_FORMAT,
     }
+    local_test = str(d.get("local-test", "split"))
+    if local_test != "split":  # absent for the split: existing keys (and caches) unchanged
+        key["local_test"] = local_test
+        del key["test_fraction"]  # not used
     if cfg.model.get("pretrained", False):  # ImageNet weights expect ImageNet statistics
         key["normalization"] = "imagenet"
     return key
@@ -264,10 +280,16 @@ def _partition(pool: Pool, key: dict, cache: bool = True
                           targets=pool.y[:n].numpy() if labels is None else None,
                           inputs=lambda: pool.x[:n])
     parts = run_partitioner(key["partitioner"], data, k, key["seed"], key["params"])
-    rng = np.random.default_rng([key["seed"], 75])
-    strata = labels if labels is not None else np.zeros(len(pool), np.int64)  # regression: plain
-    splits = [split_train_test(p, strata, key["test_fraction"], rng) for p in parts]
-    train, test = [s[0] for s in splits], [s[1] for s in splits]
+    if key.get("local_test") == "official-classes":  # validated: official pool, class labels
+        assert labels is not None and pool.num_classes is not None
+        train = [np.sort(p) for p in parts]
+        test = official_test_shares(train, labels, pool.num_train, pool.num_classes,
+                                    np.random.default_rng([key["seed"], 76]))
+    else:
+        rng = np.random.default_rng([key["seed"], 75])
+        strata = labels if labels is not None else np.zeros(len(pool), np.int64)  # regression
+        splits = [split_train_test(p, strata, key["test_fraction"], rng) for p in parts]
+        train, test = [s[0] for s in splits], [s[1] for s in splits]
     if cache:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp.npz")

@@ -699,6 +699,26 @@ def split_train_test(
     return np.sort(np.concatenate(train)), np.sort(np.concatenate(test))
 
 
+def official_test_shares(parts: list[np.ndarray], labels: np.ndarray, num_train: int,
+                         num_classes: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """Seed 004's local test sets as the FedRolex/HeteroFL code builds them (`non_iid(test,
+    label_split)`): each class's official test samples (pool rows >= num_train) are dealt in
+    equal shares (sizes differing by at most one; a seeded permutation) to the clients whose
+    shard holds the class, in partition order. So a client tests on its own classes only and
+    every official test sample of a class some client holds is tested exactly once."""
+    holders = class_counts(parts, labels, num_classes) > 0
+    test_labels = labels[num_train:]
+    shares: list[list[np.ndarray]] = [[] for _ in parts]
+    for c in range(num_classes):
+        owners = np.flatnonzero(holders[:, c])
+        members = num_train + rng.permutation(np.flatnonzero(test_labels == c))
+        if len(owners) == 0:
+            continue  # nobody trains on this class: nobody tests on it
+        for k, share in zip(owners, np.array_split(members, len(owners)), strict=True):
+            shares[k].append(share)
+    return [np.sort(np.concatenate(s)) if s else np.zeros(0, np.int64) for s in shares]
+
+
 def class_counts(parts: list[np.ndarray], labels: np.ndarray, num_classes: int) -> np.ndarray:
     """[clients, classes] matrix of sample counts."""
     return np.stack([np.bincount(labels[p], minlength=num_classes) for p in parts])

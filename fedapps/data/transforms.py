@@ -2,11 +2,11 @@
 
 A transform maps one client's local data (normalized train/test tensors plus `extras`) to new
 local data, once per client and process: FedReb's rebalanced set (`rebalance`), label noise,
-FedAug (`fedaug`), label averaging (`label-averaging`). `data.transforms` lists them in order;
-an algorithm's registry entry may require some (fedreb/fedreg: `rebalance`), which are
-prepended unless the list already names them. Each step is seeded from (seed, partition id,
-position), memoized in `FederatedData.memo`, and a costly step may keep its arrays on disk
-with `ctx.disk_cache`.
+FedAug (`fedaug`), label averaging (`label-averaging`), per-batch crop and flip
+(`crop-flip`). `data.transforms` lists them in order; an algorithm's registry entry may
+require some (fedreb/fedreg: `rebalance`), which are prepended unless the list already names
+them. Each step is seeded from (seed, partition id, position), memoized in
+`FederatedData.memo`, and a costly step may keep its arrays on disk with `ctx.disk_cache`.
 
 Adding a transform = one function (here or in its own module) + one `TRANSFORMS` entry (+ its
 `data.<name>.*` keys in conf/defaults.yaml).
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from omegaconf import DictConfig, ListConfig
 
-from fedapps.data import fedaug, label_averaging, label_noise, rebalance
+from fedapps.data import crop_flip, fedaug, label_averaging, label_noise, rebalance
 from fedapps.data.datasets import DATASETS, TASKS, DatasetInfo, cache_dir, cached_npz
 from fedapps.data.params import Param, present, read_params
 from fedapps.errors import ConfigError
@@ -101,6 +101,9 @@ TRANSFORMS: dict[str, Transform] = {
                                  ("classification",), _two_classes,
                                  "oversample classes below the mean count per class over "
                                  "clients up to it (seed 003 Algorithm 3)"),
+    "crop-flip": Transform(crop_flip.transform, crop_flip.PARAMS, TASKS, _images_only,
+                           "seed 004's CIFAR training augmentation: every training batch "
+                           "randomly cropped after black padding and flipped left-right"),
 }
 
 
