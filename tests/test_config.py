@@ -351,7 +351,7 @@ def test_every_command_and_argument_has_help():
     parser = build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     commands = {"run", "validate", "resume", "deploy-local", "node", "list", "reproduce",
-                "partition", "centralized", "memory"}
+                "partition", "centralized", "memory", "sizing"}
     assert set(sub.choices) == commands
     assert all(c in parser.description for c in commands)  # the description names them all
     listed = {c.dest: c.help for c in sub._choices_actions}
