@@ -58,6 +58,16 @@ class TrainSettings:
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
+def handshake(partition_id: int, data: LocalData) -> dict[str, Any]:
+    """A node's answer to the server's first question (strategies/nodes.py): its partition and
+    sizes. num-train is the most a fit may declare as num_examples (the server bounds uploads
+    by it): the train split, or the size of the set a per-round transform draws (label
+    averaging's redraw). It needs the data only, no model (fedapps/client_app.py)."""
+    return {"partition-id": partition_id,
+            "num-train": int(getattr(data, "round_train_size", len(data.y_train))),
+            "num-test": len(data.y_test)}
+
+
 class BaseClient(NumPyClient):
     """FedAvg behaviour; subclasses override the hooks."""
 
@@ -93,14 +103,7 @@ class BaseClient(NumPyClient):
 
     # ---- Flower API -------------------------------------------------------------------------
     def get_properties(self, config: dict[str, Any]) -> dict[str, Any]:
-        return {"partition-id": self.partition_id, "num-train": self.train_size_bound(),
-                "num-test": len(self.data.y_test)}
-
-    def train_size_bound(self) -> int:
-        """The most a fit may declare as num_examples (the server bounds uploads by this
-        handshake answer): the train split, or the size of the set a per-round transform draws
-        (label averaging's redraw)."""
-        return int(getattr(self.base_data, "round_train_size", len(self.data.y_train)))
+        return handshake(self.partition_id, self.base_data)
 
     def get_parameters(self, config: dict[str, Any]) -> list[np.ndarray]:
         return self.upload()

@@ -7,14 +7,15 @@ Data is loaded and partitioned once per process and kept in memory.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
-from flwr.client import Client, ClientApp
+from flwr.client import Client, ClientApp, NumPyClient
 from flwr.common import Context
 
+from clients.base import handshake
 from clients.faulty import FaultyClient
 from fedapps.data import federated_data
 from fedapps.errors import ConfigError
@@ -41,16 +42,47 @@ def client_fn(context: Context) -> Client:
     device = select_device(cfg)
     spec = ALGORITHMS[cfg.algorithm]
     local = spec.client_data(cfg, federated_data(cfg), pid, device)
-    client = spec.client(spec.model(cfg), local, train_settings(cfg), pid, context=context,
-                         algo=algo_settings(cfg), device=device,
-                         state_dir=client_state_dir(node, context.run_config, cfg, pid,
-                                                    context.run_id),
-                         task=dataset_task(cfg),
-                         **spec.client_kwargs(cfg))
+
+    def build() -> NumPyClient:
+        return spec.client(spec.model(cfg), local, train_settings(cfg), pid, context=context,
+                           algo=algo_settings(cfg), device=device,
+                           state_dir=client_state_dir(node, context.run_config, cfg, pid,
+                                                      context.run_id),
+                           task=dataset_task(cfg),
+                           **spec.client_kwargs(cfg))
+
     if node.get("fault"):  # test deployments only (clients/faulty.py)
-        return FaultyClient(client, str(node["fault"]), float(node.get("fault-seconds", 3600)),
+        return FaultyClient(build(), str(node["fault"]), float(node.get("fault-seconds", 3600)),
                             int(node.get("fault-from-round", 1))).to_client()
-    return client.to_client()
+    return DeferredClient(pid, local, build).to_client()
+
+
+class DeferredClient(NumPyClient):
+    """The algorithm's client, built only when a message needs a model. The server asks every
+    node once for its partition and sizes before round 1 (strategies/nodes.py); answered from
+    the data, that handshake costs no model construction, which with thousands of simulated
+    nodes was most of the start-up (docs/PERFORMANCE.md, "Large federations")."""
+
+    def __init__(self, partition_id: int, data: Any, build: Callable[[], NumPyClient]) -> None:
+        self.partition_id, self.data, self.build = partition_id, data, build
+        self.built: NumPyClient | None = None
+
+    def client(self) -> NumPyClient:
+        if self.built is None:
+            self.built = self.build()
+        return self.built
+
+    def get_properties(self, config: dict[str, Any]) -> dict[str, Any]:
+        return handshake(self.partition_id, self.data)
+
+    def get_parameters(self, config: dict[str, Any]) -> Any:
+        return self.client().get_parameters(config)
+
+    def fit(self, parameters: Any, config: dict[str, Any]) -> Any:
+        return self.client().fit(parameters, config)
+
+    def evaluate(self, parameters: Any, config: dict[str, Any]) -> Any:
+        return self.client().evaluate(parameters, config)
 
 
 def client_state_dir(node: Mapping[str, Any], run_config: Mapping[str, Any], cfg,

@@ -218,14 +218,36 @@ def test_typed_settings_reach_the_client_and_the_strategy(tmp_path):
                        run_config={"experiment": "quickstart", "overrides": overrides,
                                    "output-dir": str(tmp_path), "run-name": "r"})
 
-    client = client_fn(context("algorithm=fedprox algo.mu=0.25")).numpy_client
+    client = client_fn(context("algorithm=fedprox algo.mu=0.25")).numpy_client.client()
     assert isinstance(client, FedProxClient) and client.algo == FedProxSettings(mu=0.25)
     strategy = server_fn(context("algorithm=feddyn algo.alpha=0.05")).strategy
     assert isinstance(strategy, FedDyn) and strategy.algo == FedDynSettings(alpha=0.05)
     # the results' config.yaml names every algo key, defaults included
     assert OmegaConf.load(tmp_path / "r" / "config.yaml").algo == {"alpha": 0.05}
-    client = client_fn(context("algorithm=ditto")).numpy_client
+    client = client_fn(context("algorithm=ditto")).numpy_client.client()
     assert (client.algo.lambda_, client.algo.personal_epochs) == (0.1, 5)
+
+
+@pytest.mark.parametrize("overrides", ["algorithm=fedprox",
+                                       "algorithm=fedcyclic data.transforms=[label-averaging]"])
+def test_the_handshake_builds_no_model_and_answers_as_the_built_client(tmp_path, overrides):
+    """Thousands of simulated nodes each answer one handshake before round 1: from the data
+    alone, with the numbers the algorithm's client gives (label averaging's larger bound)."""
+    from flwr.common import Context, RecordDict
+
+    from fedapps.client_app import client_fn
+
+    node = {"partition-id": 2, "num-partitions": 10}
+    run = {"experiment": "quickstart", "overrides": overrides, "output-dir": str(tmp_path),
+           "run-name": "r"}
+    deferred = client_fn(Context(run_id=1, node_id=1, state=RecordDict(), node_config=node,
+                                 run_config=run)).numpy_client
+    answer = deferred.get_properties({})
+    assert deferred.built is None  # no model was built
+    built = deferred.client()
+    assert answer == built.get_properties({}) and answer["partition-id"] == 2
+    assert answer["num-train"] >= len(built.data.y_train) > 0
+    assert deferred.client() is built  # fit and evaluate of one message share one client
 
 
 def test_fedapps_validate_prints_the_algo_defaults():

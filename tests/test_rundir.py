@@ -63,7 +63,7 @@ def test_a_fresh_run_never_reads_client_state_of_another_run_id(tmp_path):
         node = {"partition-id": 3, "num-partitions": 10, "state-dir": str(tmp_path / "state")}
         context = Context(run_id=flower_run_id, node_id=1, node_config=node, state=RecordDict(),
                           run_config=run_config)  # a fresh process: empty node state
-        return client_fn(context).numpy_client
+        return client_fn(context).numpy_client.client()
 
     first = client("aaa")
     first.save_state("personal", [np.arange(3.0)])
