@@ -137,7 +137,7 @@ def test_feddyn_unsquared_norm_has_zero_gradient_at_the_global_model():
     c = client(FedDynClient, FedDynSettings(alpha=0.5, proximal_norm="unsquared"))
     d = distance(c.model.parameters(), params(c.model))
     d.backward()
-    assert float(d) == 0 and all(float(p.grad.abs().sum()) == 0 for p in c.model.parameters())
+    assert d.item() == 0 and all(p.grad.abs().sum().item() == 0 for p in c.model.parameters())
 
 
 # ---- Ditto ------------------------------------------------------------------------------------
