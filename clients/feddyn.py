@@ -2,11 +2,13 @@
 
 Local objective: CE(w) - <g_k, w> + alpha/2 ||w - w_global||^2, where g_k is the client's
 linear correction, kept in the node state and updated after training:
-g_k <- g_k - alpha (w_k - w_global).
+g_k <- g_k - alpha (w_k - w_global). Option `proximal-norm: unsquared` uses PFLlib's
+alpha/2 ||w - w_global||_2 instead (issue 16 item 6).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +24,17 @@ STATE = "feddyn-grad"
 @dataclass(frozen=True)
 class FedDynSettings(AlgoSettings):
     alpha: float = setting(0.01, gt=0)  # regularizer weight (client objective and server h)
+    # squared: alpha/2 ||w - w_global||^2 (FedDyn paper, Alg. 1); unsquared: alpha/2 ||w -
+    # w_global||_2 over all parameters as one vector (PFLlib system/flcore/clients/clientdyn.py:
+    # `loss += self.alpha/2 * torch.norm(v1 - self.global_model_vector, 2)`)
+    proximal_norm: str = setting("squared", choices=("squared", "unsquared"))
+
+
+def distance(params: Iterable[torch.Tensor], reference: list[torch.Tensor]) -> torch.Tensor:
+    """||w - w_ref||_2 over all parameters as one vector (PFLlib's model_parameter_vector);
+    its gradient at w = w_ref (where every round starts) is 0, as torch.norm's."""
+    return torch.linalg.vector_norm(torch.cat([(p - r).reshape(-1) for p, r in
+                                               zip(params, reference, strict=True)]))
 
 
 class FedDynClient(BaseClient):
@@ -35,10 +48,7 @@ class FedDynClient(BaseClient):
                  else [torch.zeros_like(w) for w in w_global])
 
         def loss(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-            linear = sum(torch.sum(p * g) for p, g in zip(self.model.parameters(), grads,
-                                                          strict=True))
-            return (self.task.loss(self.model(x), y) - linear
-                    + alpha / 2 * self.proximal(self.model, w_global))
+            return self.objective(x, y, w_global, grads)
 
         mean_loss = self.sgd_epochs(self.model.parameters(), loss, self.settings.local_epochs)
         with torch.no_grad():
@@ -46,3 +56,12 @@ class FedDynClient(BaseClient):
                    zip(grads, self.model.parameters(), w_global, strict=True)]
         self.save_state(STATE, [to_numpy(g) for g in new])  # float32, also under bf16
         return {"train-loss": mean_loss}
+
+    def objective(self, x: torch.Tensor, y: torch.Tensor, w_global: list[torch.Tensor],
+                  grads: list[torch.Tensor]) -> torch.Tensor:
+        """The local loss: task loss - <g_k, w> + alpha/2 * (squared or unsquared) distance."""
+        linear = sum(torch.sum(p * g) for p, g in zip(self.model.parameters(), grads,
+                                                      strict=True))
+        prox = (self.proximal(self.model, w_global) if self.algo.proximal_norm == "squared"
+                else distance(self.model.parameters(), w_global))
+        return self.task.loss(self.model(x), y) - linear + self.algo.alpha / 2 * prox

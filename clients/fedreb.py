@@ -32,6 +32,8 @@ class FedRebSettings(AlgoSettings):
     augmentation: str = setting("simple", choices=AUGMENTATIONS)  # simple (5-step) | auto
     stage_order: str = setting("interleaved", choices=("interleaved", "sequential"))
     aggregation: str = setting("split", choices=("split", "origin"))  # base by n_orig, H1 n_eff
+    # seed 001 Table 5: a origin weights, b one head on D_o then D_r, c stage 2 on D_o, d no
+    # stage 1 (weights: strategies/fedreb.py; b and d predict with H1 alone)
     ablation: str = setting("none", choices=("none", "a", "b", "c", "d"))
 
 
@@ -96,12 +98,19 @@ class FedRebClient(PersonalHeadClient):
                 losses["stage2-loss"] = self.stage2(opt2)
         self.model.zero_grad(set_to_none=True)  # H1 collected gradients in stage 1: drop them
         self.save_personal()
-        return {**losses, "n-eff": int(self.data.n_eff)}  # type: ignore[attr-defined]
+        return {**losses, "n-eff": self.effective_samples()}
+
+    def effective_samples(self) -> int:
+        """n_eff of the set H1 trained on in stage 2, which weights H1 on the server."""
+        if self.ablation == "c":  # D_o, not rebalanced: every sample is an original (seed 000
+            return len(self.data.y_train)  # eq. 3.4), so n_eff = n_orig (issue 16 item 5)
+        return int(self.data.n_eff)  # type: ignore[attr-defined]
 
     def predict(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """G: H1(z). P: argmax over H1(z) + H2(z) (seed 000 section 2)."""
+        """G: H1(z). P: argmax over H1(z) + H2(z) (seed 000 section 2); ablation b has no H2
+        and d's H2 never trains (no stage 1), so both predict P with H1 alone (issue 16 item 5)."""
         z = self.model.base(x)
         g = self.model.head(z)
-        if self.ablation == "b":
+        if self.ablation in ("b", "d"):
             return g, g
         return g, g + self.personal(z)

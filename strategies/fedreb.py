@@ -23,7 +23,9 @@ class FedReb(BaseStrategy):
         return None
 
     def aggregate(self, plan: RoundPlan, uploads: list[Upload]) -> list[np.ndarray]:
-        origin = self.algo.aggregation == "origin" or self.algo.ablation == "a"
+        # ablations, seed 001 section 4.5 (issue 16 item 5): a origin (Eq 8), d split, and
+        # b: origin (one complete base + head); c: split, H1 by n_eff of D_o, i.e. n_orig
+        origin = self.algo.aggregation == "origin" or self.algo.ablation in ("a", "b")
         if origin:
             return super().aggregate(plan, uploads)
         is_base = [name.startswith("base.") for name in self.array_names]

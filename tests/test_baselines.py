@@ -10,7 +10,7 @@ from clients.base import TrainSettings
 from clients.ditto import DittoClient, DittoSettings
 from clients.fedbabu import FedBabuClient, FedBabuSettings
 from clients.feddyn import STATE as FEDDYN_STATE
-from clients.feddyn import FedDynClient, FedDynSettings
+from clients.feddyn import FedDynClient, FedDynSettings, distance
 from clients.fedper import FedPerClient, FedPerSettings
 from clients.fedprox import FedProxClient, FedProxSettings
 from clients.fedrep import FedRepClient, FedRepSettings
@@ -100,6 +100,44 @@ def test_feddyn_client_gradient_state():
     # g_1 = 0 - alpha * (w_k - w_global)
     for g, w, w0 in zip(grads, out, start, strict=True):
         np.testing.assert_allclose(g, -0.01 * (w - w0), rtol=1e-5, atol=1e-8)
+
+
+@pytest.mark.parametrize("norm, penalty, grad_w", [
+    # w - w_global = [[1.2, 0], [0, 1.6]] (bias equal): ||.||^2 = 4, ||.||_2 = 2; alpha = 0.2
+    ("squared", 0.2 / 2 * 4, [[0.2 * 1.2, 0.0], [0.0, 0.2 * 1.6]]),  # alpha (w - w_g)
+    ("unsquared", 0.2 / 2 * 2, [[0.1 * 1.2 / 2, 0.0], [0.0, 0.1 * 1.6 / 2]]),  # alpha/2 (.)/||.||
+])
+def test_feddyn_objective_squared_and_unsquared_norm(norm, penalty, grad_w):
+    """The regularizer's value and gradient on a 2x2 linear model, by hand: objective - CE =
+    -<g, w> + alpha/2 ||w - w_g||^2 (FedDyn paper) or alpha/2 ||w - w_g||_2 (PFLlib)."""
+    torch.manual_seed(0)
+    net = torch.nn.Linear(2, 2)
+    with torch.no_grad():
+        net.weight.copy_(torch.eye(2))
+        net.bias.zero_()
+    c = FedDynClient(net, data(), TrainSettings(1, 8, 0.05, 0.9, 0.0, 0), 0,
+                     algo=FedDynSettings(alpha=0.2, proximal_norm=norm))
+    w_global = [torch.tensor([[1.0 - 1.2, 0.0], [0.0, 1.0 - 1.6]]), torch.zeros(2)]
+    grads = [torch.full((2, 2), 0.1), torch.full((2,), 0.1)]  # g_k: <g, w> = 0.1 * 2
+    x, y = torch.tensor([[1.0, -2.0], [0.5, 3.0]]), torch.tensor([0, 1])
+    loss = c.objective(x, y, w_global, grads)
+    loss.backward()
+    w, b = torch.eye(2).requires_grad_(), torch.zeros(2, requires_grad=True)
+    ce = torch.nn.functional.cross_entropy(x @ w.T + b, y)  # the task loss alone
+    ce.backward()
+    assert loss.item() == pytest.approx(ce.item() - 0.2 + penalty, abs=1e-6)
+    torch.testing.assert_close(net.weight.grad, w.grad - 0.1 + torch.tensor(grad_w),
+                               rtol=0, atol=1e-6)
+    torch.testing.assert_close(net.bias.grad, b.grad - 0.1, rtol=0, atol=1e-6)  # w_b = w_g,b
+
+
+def test_feddyn_unsquared_norm_has_zero_gradient_at_the_global_model():
+    """Every round starts at w = w_global, where ||w - w_g||_2 has no gradient; torch.norm (as
+    PFLlib calls it) and ours give 0 there, not NaN."""
+    c = client(FedDynClient, FedDynSettings(alpha=0.5, proximal_norm="unsquared"))
+    d = distance(c.model.parameters(), params(c.model))
+    d.backward()
+    assert d.item() == 0 and all(p.grad.abs().sum().item() == 0 for p in c.model.parameters())
 
 
 # ---- Ditto ------------------------------------------------------------------------------------

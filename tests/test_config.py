@@ -118,6 +118,8 @@ def test_every_algorithm_file_is_registered_and_validates():
     (["algorithm=fedprox", "algo.mu=-1"], "algo.mu=-1: must be a number >= 0"),
     (["algorithm=fedprox", "algo.mu=abc"], "algo.mu='abc': must be a number >= 0"),
     (["algorithm=feddyn", "algo.alpha=0"], "algo.alpha=0: must be a number > 0"),
+    (["algorithm=feddyn", "algo.proximal-norm=l1"],
+     "algo.proximal-norm='l1': allowed: squared, unsquared"),
     (["algorithm=ditto", "algo.personal-epochs=1.5"],
      "algo.personal-epochs=1.5: must be an integer >= 1"),
     (["algorithm=ditto", "algo.lambda=true"], "algo.lambda=True: must be a number >= 0"),
@@ -223,7 +225,8 @@ def test_typed_settings_reach_the_client_and_the_strategy(tmp_path):
     strategy = server_fn(context("algorithm=feddyn algo.alpha=0.05")).strategy
     assert isinstance(strategy, FedDyn) and strategy.algo == FedDynSettings(alpha=0.05)
     # the results' config.yaml names every algo key, defaults included
-    assert OmegaConf.load(tmp_path / "r" / "config.yaml").algo == {"alpha": 0.05}
+    assert OmegaConf.load(tmp_path / "r" / "config.yaml").algo == {"alpha": 0.05,
+                                                                    "proximal-norm": "squared"}
     client = client_fn(context("algorithm=ditto")).numpy_client.client()
     assert (client.algo.lambda_, client.algo.personal_epochs) == (0.1, 5)
 

@@ -34,8 +34,11 @@ def digest(arrays) -> str:
 PARTITIONS = {
     "dirichlet": ("quickstart", [], "133d594d2fa0f13a",
                   [26, 142, 155, 168, 212, 143, 162, 68, 147, 114], 1.6812108755111694),
-    "dirichlet-alpha0.1": ("fedreb-quick", [], "c66f692a8e9e3ab4",
+    "dirichlet-alpha0.1": ("fedreb-quick", ["data.dirichlet-balance=none"], "c66f692a8e9e3ab4",
                            [87, 123, 361, 24, 147, 86, 287, 24, 174, 30], -0.4783838391304016),
+    "dirichlet-alpha0.1-capped": ("fedreb-quick", [], "67b7a39b2e79526f",
+                                  [164, 125, 175, 25, 179, 89, 192, 134, 227, 36],
+                                  1.8481359481811523),
     "iid": ("quickstart", ["data.partitioner=iid"], "d3ffc9f35f116819",
             [134, 135, 134, 134, 133, 135, 134, 131, 135, 133], 1.8481359481811523),
     "shards": ("quickstart", ["data.partitioner=shards"], "5361898f12271f81",
@@ -75,7 +78,8 @@ REBALANCED = {
 @pytest.mark.parametrize("algorithm", list(REBALANCED))
 def test_rebalanced_set_is_unchanged(algorithm):
     pid, x_sums, y_hash, size, n_eff, target, local = REBALANCED[algorithm]
-    cfg = resolve_config("fedreb-quick", [f"algorithm={algorithm}"], check_data=False)
+    cfg = resolve_config("fedreb-quick", [f"algorithm={algorithm}", "data.dirichlet-balance=none"],
+                         check_data=False)
     fd = federated_data(cfg)
     d = ALGORITHMS[algorithm].client_data(cfg, fd, pid, "cpu")
     assert (len(d.y_reb), d.n_eff, d.target) == (size, n_eff, target)

@@ -173,6 +173,7 @@ def test_cache_key_covers_every_parameter_and_only_its_own(name):
     (["data.partitioner=iid", "data.alpha=-1"], "data.alpha=-1: must be > 0"),
     (["data.min-size=0"], "data.min-size=0: must be >= 1"),
     (["data.min-size=2.5"], "data.min-size=2.5: must be an integer"),
+    (["data.dirichlet-balance=cap"], "data.dirichlet-balance='cap': allowed: none, capped"),
     (["data.alpha=x"], "data.alpha='x': must be a number"),
     (["data.partitioner=shards", "data.labels-per-client=11"],
      "data.labels-per-client=11: must be <= 10"),

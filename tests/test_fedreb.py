@@ -80,13 +80,13 @@ def test_rebalanced_set_is_deterministic_and_keeps_the_class_set(digits):
         assert len(a.y) == a.target * len(own)
 
 
-def make_client(digits, ablation="none"):
+def make_client(digits, ablation="none", pid=0):
     cfg, fd = digits
-    data = ALGORITHMS["fedreb"].client_data(cfg, fd, 0, "cpu")
+    data = ALGORITHMS["fedreb"].client_data(cfg, fd, pid, "cpu")
     torch.manual_seed(0)
     model = build_model("digits-cnn", (1, 8, 8), 10, 2)
     settings = TrainSettings(1, 16, 0.05, 0.9, 0.0, 0)
-    return FedRebClient(model, data, settings, 0, algo=FedRebSettings(ablation=ablation))
+    return FedRebClient(model, data, settings, pid, algo=FedRebSettings(ablation=ablation))
 
 
 def heads(client):
@@ -207,3 +207,47 @@ def test_bad_fedreb_config_is_one_line(override, message):
     with pytest.raises(ConfigError) as err:
         validate(load_config("fedreb-quick", [override]))
     assert message in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("ablation", ["b", "d"])
+def test_ablations_b_and_d_predict_with_h1_alone(digits, ablation):
+    # b has one head; d never runs stage 1, so its H2 never trains (issue 16 item 5)
+    client = make_client(digits, ablation)
+    with torch.no_grad():
+        for p in client.personal.parameters():
+            p.add_(torch.randn_like(p))
+        x = client.data.x_test
+        g, p = client.predict(x)
+        h1 = client.model.head(client.model.base(x))
+        assert torch.allclose(g, h1) and torch.allclose(p, h1)
+
+
+@pytest.mark.parametrize("ablation, head_weight", [("b", "n_orig"), ("c", "n_orig"),
+                                                   ("d", "n_eff")])
+def test_ablation_aggregation_weights_hand_computed(digits, ablation, head_weight):
+    """Two clients train in-process and upload; the server's base is their n_orig-weighted
+    mean, H1 the n_eff-weighted one (d, as without ablation) or the n_orig-weighted one (b: the
+    whole model by origin weights; c: H1 trained on D_o, whose n_eff is n_orig)."""
+    clients = [make_client(digits, ablation, pid) for pid in (0, 1)]
+    start = get_arrays(clients[0].model)
+    names = list(clients[0].model.state_dict())
+    results, n_orig, n_eff = [], [], []
+    for c in clients:
+        arrays, n, metrics = c.fit(start, {"server-round": 1})
+        assert n == len(c.data.y_train)
+        results.append((None, FitRes(Status(Code.OK, ""), ndarrays_to_parameters(arrays), n,
+                                     {"partition-id": c.partition_id, **metrics})))
+        n_orig.append(n)
+        n_eff.append(c.data.n_eff)
+    assert n_eff != n_orig  # the digits clients tell the two weightings apart
+    s = FedReb(initial_arrays=start, array_names=names, num_rounds=1, num_clients=2,
+               clients_per_round=2, seed=0, algo=FedRebSettings(ablation=ablation))
+    s.open_step(1, 0, [0, 1])
+    params, _ = s.aggregate_fit(1, results, [])
+    out = parameters_to_ndarrays(params)
+    uploads = [parameters_to_ndarrays(r.parameters) for _, r in results]
+    for i, name in enumerate(names):
+        w = n_orig if name.startswith("base.") or head_weight == "n_orig" else n_eff
+        expected = (w[0] * uploads[0][i].astype(np.float64)
+                    + w[1] * uploads[1][i].astype(np.float64)) / (w[0] + w[1])
+        np.testing.assert_allclose(out[i], expected, rtol=1e-5, atol=1e-6, err_msg=name)

@@ -221,7 +221,8 @@ def test_target_errors_are_one_line_at_validation(overrides, message):
 
 def test_partition_params_without_data_skip_the_dirichlet_bisection():
     cfg = load_config("quickstart", ["data.target-emd=1.0"])
-    assert partition_params(cfg, with_data=False) == {"alpha": 0.5, "min_size": 10}
+    assert partition_params(cfg, with_data=False) == {"alpha": 0.5, "min_size": 10,
+                                                      "balance": "none"}
 
 
 def test_partition_command_prints_and_writes_the_partition(tmp_path, capsys, monkeypatch):

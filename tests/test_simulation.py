@@ -91,7 +91,10 @@ def test_fedreb_simulation_keeps_personal_heads_across_rounds(tmp_path):
     ("fedprox", ["algo.mu-mode=auto"]),
 ])
 def test_baseline_runs_two_rounds_in_a_real_simulation(tmp_path, algorithm, extra):
-    _, doc = run(tmp_path, "fedreb-quick", "r", "rounds=2", f"algorithm={algorithm}", *extra)
+    # uncapped split (the preset caps since issue 16): on the capped one GPFL's G is still at
+    # chance after 2 rounds (10.6 %), which says nothing about whether it runs
+    _, doc = run(tmp_path, "fedreb-quick", "r", "rounds=2", f"algorithm={algorithm}",
+                 "data.dirichlet-balance=none", *extra)
     assert [r["round"] for r in doc["rounds"]] == [1, 2]
     assert all(r["failures"] == 0 and r["bytes_up"] > 0 for r in doc["rounds"])
     assert doc["summary"]["final_global_accuracy"] > 0.15  # above chance (0.1)
