@@ -2,6 +2,8 @@
 
     FEDAPPS_DATA_ROOT=../shared/data python -m simulations.benchmark            # full
     python -m simulations.benchmark --quick                                      # tiny (CI)
+    FEDAPPS_DATA_ROOT=../shared/data python -m simulations.benchmark --scaling-only \
+        --rounds 3 --scaling 100,1000,5000                                       # large federations
 
 (a) `fedapps run` of the experiment (real SuperLink, Ray, one CPU per client) and (b) the same
 clients, data, sampling, local training and evaluation in one process, without Flower, side by
@@ -22,6 +24,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -83,17 +86,48 @@ def plain_loop(experiment: str, sets: list[str], threads: int) -> dict[str, Any]
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
+class TreeMemory:
+    """Peak resident memory (RSS and PSS, kB) of a process and all its descendants, sampled
+    every `period` seconds in a thread: every process of a simulation (launcher, SuperLink,
+    ServerApp, Ray and its actors) together."""
+
+    def __init__(self, pid: int, period: float = 1.0) -> None:
+        self.pid, self.period = pid, period
+        self.peak_rss = self.peak_pss = 0
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self.sample, daemon=True)
+        self.thread.start()
+
+    def sample(self) -> None:
+        from fedapps.processes import descendants
+        from simulations.deploy_benchmark import memory_kb
+
+        while not self.done.is_set():
+            mem = [memory_kb(p) for p in (self.pid, *descendants(self.pid))]
+            self.peak_rss = max(self.peak_rss, sum(m[0] for m in mem))
+            self.peak_pss = max(self.peak_pss, sum(m[1] for m in mem))
+            self.done.wait(self.period)
+
+    def stop(self) -> None:
+        self.done.set()
+        self.thread.join()
+
+
 def flower_run(experiment: str, sets: list[str], out_dir: Path) -> dict[str, Any]:
-    """`fedapps run` in a subprocess; per-round times come from its results.json."""
+    """`fedapps run` in a subprocess; per-round times come from its results.json, the memory
+    of its whole process tree from a sampler."""
     run = out_dir / f"flower-{len(list(out_dir.glob('flower-*')))}"
     cmd = [sys.executable, "-m", "simulations.cli", "run", experiment,
            *[x for s in sets for x in ("--set", s)],
            "--set", f"output.output-dir={run.parent}", "--set", f"output.run-name={run.name}"]
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    memory = TreeMemory(proc.pid)
+    _, stderr = proc.communicate()
+    memory.stop()
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
-        raise RuntimeError(f"flower run failed: {proc.stderr[-2000:]}")
+        raise RuntimeError(f"flower run failed: {stderr[-2000:]}")
     doc = json.loads((run / "results.json").read_text())
     rounds = doc["rounds"]
     round_s = [r["seconds"] for r in rounds]
@@ -104,15 +138,32 @@ def flower_run(experiment: str, sets: list[str], out_dir: Path) -> dict[str, Any
             "bytes_down": rounds[-1]["bytes_down"], "bytes_up": rounds[-1]["bytes_up"],
             "bytes_down_eval": rounds[-1]["bytes_down_eval"],
             "final_global_accuracy": doc["summary"]["final_global_accuracy"],
-            "largest_child_peak_rss_mb": children}
+            "largest_child_peak_rss_mb": children,
+            "peak_tree_rss_mb": memory.peak_rss // 1024,
+            "peak_tree_pss_mb": memory.peak_pss // 1024}
 
 
 def report(res: dict[str, Any]) -> str:
+    lines = [f"Machine: {res['machine']}; experiment `{res['experiment']}` with "
+             f"`{' '.join(res['sets'])}`.", ""]
+    if "flower" in res:
+        lines += overhead_lines(res)
+    lines += [
+        "| total clients | start-up + teardown | per round (steady) | fit | eval | eval clients "
+        "| peak RSS, all processes | peak PSS |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for row in res["scaling"]:
+        lines.append(f"| {row['clients']:,} | {row['startup']:.1f} s | {row['round']:.2f} s | "
+                     f"{row['fit']:.2f} s | {row['eval']:.2f} s | {row['eval_clients']} | "
+                     f"{row['peak_tree_rss_mb']:,} MB | {row['peak_tree_pss_mb']:,} MB |")
+    return "\n".join(lines) + "\n"
+
+
+def overhead_lines(res: dict[str, Any]) -> list[str]:
+    """(a) against (b): the overhead table."""
     a, b1, b2 = res["flower"], res["plain_1thread"], res["plain_all_threads"]
     lines = [
-        f"Machine: {res['machine']}; experiment `{res['experiment']}` with "
-        f"`{' '.join(res['sets'])}`.",
-        "",
         "| | per round (steady) | fit | eval | start-up | final G |",
         "| --- | --- | --- | --- | --- | --- |",
         f"| (a) Flower simulation | {steady(a['round_seconds']):.2f} s | "
@@ -131,15 +182,11 @@ def report(res: dict[str, Any]) -> str:
         f"Bytes per round: {a['bytes_down']:,} down and {a['bytes_up']:,} up for training, "
         f"{a['bytes_down_eval']:,} down for evaluation.",
         f"Peak RSS: plain loop {b2['peak_rss_mb']:.0f} MB; largest Flower child process "
-        f"{a['largest_child_peak_rss_mb']:.0f} MB.",
+        f"{a['largest_child_peak_rss_mb']:.0f} MB; all of the Flower run's processes "
+        f"{a['peak_tree_rss_mb']:,} MB (PSS {a['peak_tree_pss_mb']:,} MB).",
         "",
-        "| total clients | per round (steady) | fit | eval | eval clients |",
-        "| --- | --- | --- | --- | --- |",
     ]
-    for row in res["scaling"]:
-        lines.append(f"| {row['clients']} | {row['round']:.2f} s | {row['fit']:.2f} s | "
-                     f"{row['eval']:.2f} s | {row['eval_clients']} |")
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -148,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--scaling", default="20,100,500", help="total clients to try")
     p.add_argument("--quick", action="store_true", help="tiny run on the embedded digits")
+    p.add_argument("--scaling-only", action="store_true",
+                   help="only the federation sizes of --scaling (no plain loop, no overhead run)")
     p.add_argument("--out", default="outputs/benchmark")
     args = p.parse_args(argv)
     experiment = "quickstart" if args.quick else args.experiment
@@ -161,15 +210,16 @@ def main(argv: list[str] | None = None) -> int:
     res: dict[str, Any] = {"experiment": experiment, "sets": sets, "cores": cores,
                            "machine": f"{platform.machine()}, {cores} cores, "
                                       f"torch {torch.__version__}"}
-    print("benchmark: (b) plain loop, 1 thread", flush=True)
-    res["plain_1thread"] = plain_loop(experiment, sets, 1)
-    print(f"benchmark: (b) plain loop, {cores} threads", flush=True)
-    res["plain_all_threads"] = plain_loop(experiment, sets, cores)
-    print("benchmark: (a) Flower simulation", flush=True)
-    res["flower"] = flower_run(experiment, sets, work)
-    fa = steady(res["flower"]["round_seconds"])
-    res["ratio_vs_1thread"] = fa / steady(res["plain_1thread"]["round_seconds"])
-    res["ratio_vs_all_threads"] = fa / steady(res["plain_all_threads"]["round_seconds"])
+    if not args.scaling_only:
+        print("benchmark: (b) plain loop, 1 thread", flush=True)
+        res["plain_1thread"] = plain_loop(experiment, sets, 1)
+        print(f"benchmark: (b) plain loop, {cores} threads", flush=True)
+        res["plain_all_threads"] = plain_loop(experiment, sets, cores)
+        print("benchmark: (a) Flower simulation", flush=True)
+        res["flower"] = flower_run(experiment, sets, work)
+        fa = steady(res["flower"]["round_seconds"])
+        res["ratio_vs_1thread"] = fa / steady(res["plain_1thread"]["round_seconds"])
+        res["ratio_vs_all_threads"] = fa / steady(res["plain_all_threads"]["round_seconds"])
     res["scaling"] = []
     for n in scaling:
         frac = 1.0 if n <= 100 else 100 / n  # large federations: a seeded 100-client sample
@@ -182,7 +232,10 @@ def main(argv: list[str] | None = None) -> int:
         res["scaling"].append({"clients": n, "round": steady(r["round_seconds"]),
                                "fit": steady(r["fit_seconds"]),
                                "eval": steady(r["eval_seconds"]),
-                               "eval_clients": max(1, int(np.ceil(frac * n)))})
+                               "eval_clients": max(1, int(np.ceil(frac * n))),
+                               "startup": r["startup_seconds"],
+                               "peak_tree_rss_mb": r["peak_tree_rss_mb"],
+                               "peak_tree_pss_mb": r["peak_tree_pss_mb"]})
     (out / "benchmark.json").write_text(json.dumps(res, indent=1))
     md = report(res)
     (out / "benchmark.md").write_text(md)

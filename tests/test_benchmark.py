@@ -23,4 +23,10 @@ def test_quick_benchmark_writes_its_report(tmp_path):
     assert res["flower"]["final_global_accuracy"] == res["plain_1thread"]["final_global_accuracy"]
     md = (tmp_path / "benchmark.md").read_text()
     assert "| (a) Flower simulation |" in md and "Ratio (a)/(b) per round:" in md
-    assert "| total clients | per round (steady) |" in md
+    assert "| total clients | start-up + teardown | per round (steady) |" in md
+    # the sampler saw the whole process tree: at least the ServerApp and a Ray actor, each
+    # holding PyTorch (several hundred MB), beyond the largest single child
+    scale = res["scaling"][0]
+    assert scale["peak_tree_rss_mb"] > res["flower"]["largest_child_peak_rss_mb"] > 100
+    assert 0 < scale["peak_tree_pss_mb"] <= scale["peak_tree_rss_mb"]
+    assert scale["startup"] > 0
