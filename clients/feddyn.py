@@ -40,7 +40,8 @@ class FedDynClient(BaseClient):
             return (self.task.loss(self.model(x), y) - linear
                     + alpha / 2 * self.proximal(self.model, w_global))
 
-        mean_loss = self.sgd_epochs(self.model.parameters(), loss, self.settings.local_epochs)
+        mean_loss = self.sgd_epochs(self.model.parameters(), loss, self.settings.local_epochs,
+                                    keep="model")
         with torch.no_grad():
             new = [g - alpha * (p.detach() - w) for g, p, w in
                    zip(grads, self.model.parameters(), w_global, strict=True)]
