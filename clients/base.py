@@ -23,7 +23,7 @@ from flwr.client import NumPyClient
 from flwr.common import Context, RecordDict
 from torch import nn
 
-from clients.arrays import get_arrays, set_arrays
+from clients.arrays import get_arrays, load_momentum, momentum_arrays, set_arrays
 from fedapps.evaluation import evaluate_sums
 from fedapps.precision import Precision
 from fedapps.settings import AlgoSettings
@@ -50,6 +50,12 @@ class TrainSettings:
     lr_milestones: tuple[int, ...] = ()  # rounds after which the learning rate is multiplied
     lr_decay: float = 0.1  # by this factor (seed 004's multi-step schedule)
     precision: str = "fp32"  # fp32 | fp16 | amp | bf16 (fedapps/precision.py)
+    # persist: optimizers built with a `keep` name carry their state (SGD momentum) from one
+    # participation to the next (client state); reset: a fresh optimizer every round
+    optimizer_state: str = "reset"
+    # eval.personal: algorithm (the algorithm's own P) | local-previous (P = the model this
+    # client trained in its last participation; seed 001's testbed, Table 6)
+    personal_eval: str = "algorithm"
 
     def lr_at(self, server_round: int) -> float:
         return self.lr * self.lr_decay ** sum(server_round > m for m in self.lr_milestones)
@@ -73,6 +79,8 @@ class BaseClient(NumPyClient):
 
     RESTORED = "fedapps.restored-from-disk"  # node-state marker: this node reloaded its state
     LOSS_SCALE = "fedapps.amp-loss-scale"  # node state: amp's GradScaler across rounds
+    OPTIMIZER = "optimizer-"  # node state: optimizer-<keep>, a kept optimizer's momentum
+    LOCAL_TRAINED = "local-trained"  # node state: the model as its last local training left it
 
     def __init__(
         self,
@@ -100,6 +108,8 @@ class BaseClient(NumPyClient):
         self.generator = torch.Generator()
         self.server_round = 0
         self._in_precision = False
+        self._kept_optimizers: dict[str, torch.optim.Optimizer] = {}  # this fit's, by name
+        self.previous_local: nn.Module | None = None  # eval.personal local-previous: P's model
 
     # ---- Flower API -------------------------------------------------------------------------
     def get_properties(self, config: dict[str, Any]) -> dict[str, Any]:
@@ -119,8 +129,12 @@ class BaseClient(NumPyClient):
         self.use_round_data()
         self.load_global(parameters)
         self.model.train()
+        self._kept_optimizers = {}
         with self.in_precision():
             metrics = self.local_train(config) or {}
+        self.save_optimizers()
+        if self.settings.personal_eval == "local-previous":
+            self.save_state(self.LOCAL_TRAINED, get_arrays(self.model))
         return self.upload(), self.num_train_examples(), {
             "partition-id": self.partition_id, "state-from-disk": int(self.restored_from_disk),
             **metrics}
@@ -129,8 +143,10 @@ class BaseClient(NumPyClient):
         self.seed_generator(config, stream=1)
         self.load_global(parameters)
         self.model.eval()
+        self.previous_local = self.local_previous_model()
+        predict = self.predict if self.previous_local is None else self.predict_local_previous
         with self.in_precision():
-            n, loss_sum, sums = evaluate_sums(self.precision.predict(self.predict),
+            n, loss_sum, sums = evaluate_sums(self.precision.predict(predict),
                                               self.data.x_test, self.data.y_test, self.task,
                                               device=self.device)
         return loss_sum / max(n, 1), n, {
@@ -163,6 +179,24 @@ class BaseClient(NumPyClient):
             scores[f"score-{i}"] = self.task.scores(n, self.task.read(sums))[0]
         return [], n, {"partition-id": self.partition_id, **scores}
 
+    def local_previous_model(self) -> nn.Module | None:
+        """eval.personal local-previous: the model this client's last local training left
+        (seed 001's testbed scores a client's previous-round local model, Table 6), or None:
+        the algorithm's own P, also for a client that has not trained yet (P = G then)."""
+        if self.settings.personal_eval != "local-previous":
+            return None
+        saved = self.load_state(self.LOCAL_TRAINED)
+        if saved is None:
+            return None
+        model = copy.deepcopy(self.model)
+        set_arrays(model, saved)
+        return model.eval()
+
+    def predict_local_previous(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """G from this round's model, P from the client's previous local model."""
+        assert self.previous_local is not None
+        return self.predict(x)[0], self.previous_local(x)
+
     def use_round_data(self) -> None:
         """A transform that draws anew every round (label averaging with redraw) leaves a
         `round_data(data, round)` extra: this round's train set is its draw."""
@@ -170,11 +204,35 @@ class BaseClient(NumPyClient):
         if round_data is not None:
             self.data = round_data(self.base_data, self.server_round)
 
-    def sgd(self, params: Any) -> torch.optim.Optimizer:
-        """SGD with this round's learning rate (params: a list or parameter groups)."""
+    def sgd(self, params: Any, keep: str | None = None) -> torch.optim.Optimizer:
+        """SGD with this round's learning rate (params: a list or parameter groups).
+
+        `keep` names an optimizer of the client's local training: with
+        train.optimizer-state persist its momentum comes from the client state and goes back
+        there after this fit (the thesis creates opt_1/opt_2 once per client; PFLlib keeps
+        its optimizers), so it runs on across participations. Without `keep` (or with reset)
+        it starts fresh, as evaluation-time fine-tuning always does."""
         s = self.settings
-        return torch.optim.SGD(params, lr=s.lr_at(self.server_round), momentum=s.momentum,
-                               weight_decay=s.weight_decay)
+        opt = torch.optim.SGD(params, lr=s.lr_at(self.server_round), momentum=s.momentum,
+                              weight_decay=s.weight_decay)
+        if keep is None or s.optimizer_state != "persist":
+            return opt
+        if keep in self._kept_optimizers:
+            raise ValueError(f"optimizer {keep!r} built twice in one round: pass it on instead")
+        saved = self.load_state(self.OPTIMIZER + keep)
+        if saved is not None:
+            load_momentum(opt, saved)
+        self._kept_optimizers[keep] = opt
+        return opt
+
+    def save_optimizers(self) -> None:
+        """After local training: the kept optimizers' state into the client state (node
+        state, and state-dir on disk), for this client's next participation."""
+        for keep, opt in self._kept_optimizers.items():
+            arrays = momentum_arrays(opt)
+            if arrays:  # momentum 0: SGD keeps no state
+                self.save_state(self.OPTIMIZER + keep, arrays)
+        self._kept_optimizers = {}
 
     def seed_generator(self, config: dict[str, Any], stream: int) -> None:
         """Shuffling and any evaluation-time training depend only on (seed, round, client)."""
@@ -192,7 +250,7 @@ class BaseClient(NumPyClient):
     def local_train(self, config: dict[str, Any]) -> dict[str, Any] | None:
         """Local objective (default: cross-entropy over all parameters)."""
         loss = self.sgd_epochs(self.model.parameters(), self.task_loss(self.model),
-                               self.settings.local_epochs)
+                               self.settings.local_epochs, keep="model")
         return {"train-loss": loss}
 
     def upload(self) -> list[np.ndarray]:
@@ -223,12 +281,14 @@ class BaseClient(NumPyClient):
         y: torch.Tensor | None = None,
         optimizer: torch.optim.Optimizer | None = None,
         steps: int | None = None,
+        keep: str | None = None,
     ) -> float:
         """Minibatch SGD over (x, y) (default: the local train split); returns the mean loss.
 
         Batches are index slices of in-memory tensors, shuffled by the client's seeded
         generator: no DataLoader, no per-sample Python. `steps`, when given, replaces `epochs`:
         that many minibatches, reshuffling each epoch as the epoch loop does (a fractional E).
+        `keep` names the optimizer built here (see `sgd`); `optimizer` passes one instead.
         The training precision applies here (in_precision, batch casts, autocast, loss
         scaling), so every algorithm and any caller of this loop trains in it; fp32 is the
         plain loop.
@@ -244,7 +304,7 @@ class BaseClient(NumPyClient):
         clip = self.clip_grad_norm()
         with self.in_precision():
             params = list(params)
-            opt = optimizer or self.sgd(params)
+            opt = optimizer or self.sgd(params, keep)
             scaler = prec.grad_scaler(self.state.get(self.LOSS_SCALE))
             for idx in self.batch_indices(len(y), epochs, epoch_samples, steps):
                 xb = x[idx] if augment is None else augment(x, idx, self.generator)

@@ -40,7 +40,7 @@ class DittoClient(BaseClient):
                 self.personal, w_global)
 
         self.personal.train()
-        result = self.sgd_epochs(self.personal.parameters(), loss, epochs)
+        result = self.sgd_epochs(self.personal.parameters(), loss, epochs, keep="personal")
         self.save_state(STATE, get_arrays(self.personal))
         return result
 
@@ -48,7 +48,7 @@ class DittoClient(BaseClient):
         personal_loss = self.train_personal(self.snapshot(self.model),
                                             self.algo.personal_epochs)
         loss = self.sgd_epochs(self.model.parameters(), self.task_loss(self.model),
-                               self.settings.local_epochs)
+                               self.settings.local_epochs, keep="model")
         return {"train-loss": loss, "personal-loss": personal_loss}
 
     def predict(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -37,7 +37,7 @@ class FedBabuClient(BaseClient):
 
     def local_train(self, config: dict[str, Any]) -> dict[str, Any]:
         loss = self.sgd_epochs(self.model.base.parameters(), self.task_loss(self.model),
-                               self.settings.local_epochs)
+                               self.settings.local_epochs, keep="base")
         return {"train-loss": loss}
 
     def fine_tuned(self) -> Personal:

@@ -50,7 +50,8 @@ class FedDynClient(BaseClient):
         def loss(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
             return self.objective(x, y, w_global, grads)
 
-        mean_loss = self.sgd_epochs(self.model.parameters(), loss, self.settings.local_epochs)
+        mean_loss = self.sgd_epochs(self.model.parameters(), loss, self.settings.local_epochs,
+                                    keep="model")
         with torch.no_grad():
             new = [g - alpha * (p.detach() - w) for g, p, w in
                    zip(grads, self.model.parameters(), w_global, strict=True)]

@@ -23,10 +23,10 @@ class FedNovaClient(BaseClient):
     algo: FedNovaSettings
     local_steps = 0
 
-    def sgd(self, params: Any) -> torch.optim.Optimizer:
+    def sgd(self, params: Any, keep: str | None = None) -> torch.optim.Optimizer:
         """The base optimizer with a counter on its steps: tau_i is what really ran (partial
         batches, epochs or a step budget included), not a formula of the data size."""
-        opt = super().sgd(params)
+        opt = super().sgd(params, keep)
         opt.register_step_post_hook(self._count_step)
         return opt
 

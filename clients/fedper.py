@@ -24,6 +24,6 @@ class FedPerClient(PersonalHeadClient):
     def local_train(self, config: dict[str, Any]) -> dict[str, Any]:
         self.use_personal_head()
         loss = self.sgd_epochs(self.model.parameters(), self.task_loss(self.model),
-                               self.settings.local_epochs)
+                               self.settings.local_epochs, keep="model")
         self.keep_trained_head()
         return {"train-loss": loss}

@@ -37,5 +37,6 @@ class FedProxClient(BaseClient):
             batches[0] += 1
             return task + mu / 2 * self.proximal(self.model, w_global)
 
-        mean = self.sgd_epochs(self.model.parameters(), loss, self.settings.local_epochs)
+        mean = self.sgd_epochs(self.model.parameters(), loss, self.settings.local_epochs,
+                               keep="model")
         return {"train-loss": mean, "task-loss": float(task_sum) / max(batches[0], 1), "mu": mu}

@@ -5,7 +5,9 @@ leaves the client. Per local epoch:
 - stage 1 on the original data D_o: CE(H1(z) + H2(z)), updating base and H2 (H1 is not stepped,
   though gradients flow through it);
 - stage 2 on the rebalanced data D_r: CE(H1(z)), updating base and H1.
-Each stage has its own SGD optimizer, rebuilt every round, so no momentum leaks between stages.
+Each stage has its own SGD optimizer, so no momentum leaks between stages; with
+train.optimizer-state persist both (opt_1, opt_2) keep their momentum across participations, as
+the thesis creates them once per client.
 """
 
 from __future__ import annotations
@@ -83,8 +85,9 @@ class FedRebClient(PersonalHeadClient):
         sgd = self.sgd
         base = list(self.model.base.parameters())
         h1 = list(self.model.head.parameters())
-        opt1 = sgd(base + (h1 if self.ablation == "b" else list(self.personal.parameters())))
-        opt2 = sgd(base + h1)
+        opt1 = sgd(base + (h1 if self.ablation == "b" else list(self.personal.parameters())),
+                   keep="stage1")
+        opt2 = sgd(base + h1, keep="stage2")
         with_stage1 = self.ablation != "d"
         losses = {"stage1-loss": 0.0, "stage2-loss": 0.0}
         if self.stage_order == "sequential":

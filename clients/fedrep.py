@@ -25,8 +25,8 @@ class FedRepClient(PersonalHeadClient):
         loss_fn = self.task_loss(self.model)
         # Only the listed parameters are stepped; the other part is frozen by construction.
         head_loss = self.sgd_epochs(self.model.head.parameters(), loss_fn,
-                                    self.algo.head_epochs)
+                                    self.algo.head_epochs, keep="head")
         base_loss = self.sgd_epochs(self.model.base.parameters(), loss_fn,
-                                    self.algo.base_epochs)
+                                    self.algo.base_epochs, keep="base")
         self.keep_trained_head()
         return {"head-loss": head_loss, "train-loss": base_loss}

@@ -34,7 +34,7 @@ class FedRodClient(PersonalHeadClient):
                     + F.cross_entropy(out_g.detach() + out_p, y))
 
         params = [*self.model.parameters(), *self.personal.parameters()]
-        result = self.sgd_epochs(params, loss, self.settings.local_epochs)
+        result = self.sgd_epochs(params, loss, self.settings.local_epochs, keep="model")
         self.save_personal()
         return {"train-loss": result}
 

@@ -61,7 +61,7 @@ class GpflClient(PersonalHeadClient):
 
         valve = [*m.gce.parameters(), *m.gamma.parameters(), *m.beta.parameters()]
         opt = self.sgd([{"params": [*m.base.parameters(), *m.head.parameters()]},
-                        {"params": valve, "weight_decay": eta}])
+                        {"params": valve, "weight_decay": eta}], keep="model")
         result = self.sgd_epochs([], loss, self.settings.local_epochs, optimizer=opt)
         self.keep_trained_head()
         return {"train-loss": result}

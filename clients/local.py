@@ -36,7 +36,7 @@ class LocalClient(BaseClient):
     def local_train(self, config: dict[str, Any]) -> dict[str, Any]:
         self.local.train()
         loss = self.sgd_epochs(self.local.parameters(), self.task_loss(self.local),
-                               self.settings.local_epochs)
+                               self.settings.local_epochs, keep="local")
         self.save_state(STATE, get_arrays(self.local))
         return {"train-loss": loss}
 

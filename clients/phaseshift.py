@@ -65,7 +65,7 @@ class PhaseShiftClient(BaseClient):
         epochs = self.settings.local_epochs * epoch_scale(self.algo.phases, self.algo.mode)
         steps = local_steps(epochs, self.num_train_examples(), self.settings.batch_size)
         loss = self.sgd_epochs(self.model.parameters(), self.task_loss(self.model), 0,
-                               steps=steps)
+                               steps=steps, keep="model")
         if self.role not in UPLOADING:
             self.save_state(STATE, get_arrays(self.model))
         return {"train-loss": loss, "phase-role": self.role, "local-steps": steps,

@@ -42,7 +42,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig
 
-from clients.arrays import get_arrays, set_arrays, to_numpy
+from clients.arrays import get_arrays, load_momentum, momentum_arrays, set_arrays
 from clients.base import BaseClient, TrainSettings
 from fedapps import checkpoint, rundir
 from fedapps.config import parse_overrides, squash_overrides, to_container
@@ -124,30 +124,20 @@ class CentralizedTrainer(BaseClient):
 
     optimizer: torch.optim.Optimizer | None = None
 
-    def sgd(self, params: Any) -> torch.optim.Optimizer:
+    def sgd(self, params: Any, keep: str | None = None) -> torch.optim.Optimizer:
         if self.optimizer is None:
             self.optimizer = super().sgd(params)
         return self.optimizer
 
     def momentum_buffers(self) -> list[np.ndarray]:
-        """One array per parameter, size 0 where SGD holds none (frozen parameters, no
-        momentum, before the first step); [] when none has one."""
-        if self.optimizer is None:
-            return []
-        bufs = [self.optimizer.state.get(p, {}).get("momentum_buffer")
-                for p in self.model.parameters()]
-        if all(b is None for b in bufs):
-            return []
-        return [np.zeros(0, np.float32) if b is None else to_numpy(b) for b in bufs]
+        """SGD's momentum buffers (clients.arrays.momentum_arrays); [] when there are none."""
+        return momentum_arrays(self.optimizer) if self.optimizer is not None else []
 
     def restore(self, arrays: list[np.ndarray], momentum: list[np.ndarray]) -> None:
         set_arrays(self.model, arrays)
         opt = self.sgd(list(self.model.parameters()))
         with self.in_precision():  # buffers in the dtype each parameter trains in (fp16...)
-            for p, buf in zip(self.model.parameters(), momentum, strict=False):
-                if buf.size:
-                    opt.state[p]["momentum_buffer"] = torch.from_numpy(buf).to(p.device,
-                                                                                 p.dtype)
+            load_momentum(opt, momentum)
 
 
 def evaluate(trainer: CentralizedTrainer, splits: CentralSplits, task: Task

@@ -71,6 +71,15 @@ class Algorithm:
     official_test: bool = False  # also evaluate the global model on the official test split
     # dataset tasks the algorithm is defined for (class-based methods: classification only)
     tasks: tuple[str, ...] = ("classification", "regression")
+    # train.optimizer-state persist allowed: the client keeps its optimizers' state between
+    # participations (clients/base.py `sgd(keep=...)`); None allows it, else why not
+    no_persistent_optimizer: str | None = None
+
+    @property
+    def personal_is_global(self) -> bool:
+        """Whether the client's P is its global model (it keeps BaseClient.predict): the
+        algorithms eval.personal local-previous applies to."""
+        return self.client.predict is BaseClient.predict
 
     def client_data(self, cfg: DictConfig, fd: FederatedData, partition_id: int,
                     device: str) -> Any:
@@ -105,6 +114,9 @@ PARTIAL = {
     "client_kwargs": lambda cfg: {"model_factory": lambda beta: _width_model(cfg, beta)},
     "official_test": True,
     "tasks": ("classification",),  # image width models with a class head
+    # the FedRolex/HeteroFL code builds its optimizer per round, and a client's sub-model
+    # changes shape from round to round: momentum has nothing to carry over to
+    "no_persistent_optimizer": "sub-models change shape between rounds",
 }
 
 
@@ -124,7 +136,9 @@ ALGORITHMS: dict[str, Algorithm] = {
     "fedprox": Algorithm(FedProx, FedProxClient, FedProxSettings),
     "fednova": Algorithm(FedNova, FedNovaClient, FedNovaSettings,  # seed 002 baseline
                          strategy_kwargs=lambda cfg, model: {
-                             "parameter_names": {n for n, _ in model.named_parameters()}}),
+                             "parameter_names": {n for n, _ in model.named_parameters()}},
+                         no_persistent_optimizer="its normalizer a_i assumes momentum "
+                                                 "restarts at 0 every round"),
     "feddyn": Algorithm(FedDyn, FedDynClient, FedDynSettings),
     "ditto": Algorithm(FedAvg, DittoClient, DittoSettings),
     "fedper": Algorithm(FedAvg, FedPerClient, FedPerSettings),

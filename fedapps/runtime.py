@@ -63,7 +63,9 @@ def train_settings(cfg: DictConfig) -> TrainSettings:
                          float(t.lr),
                          float(t.momentum), float(t["weight-decay"]), int(cfg.seed),
                          tuple(int(m) for m in t["lr-milestones"]), float(t["lr-decay"]),
-                         str(t.get("precision", "fp32")))
+                         str(t.get("precision", "fp32")),
+                         str(t.get("optimizer-state", "reset")),
+                         str(cfg.eval.get("personal", "algorithm")))
 
 
 def run_dir(cfg: DictConfig) -> Path:

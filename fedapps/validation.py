@@ -27,6 +27,8 @@ POOLS = ("merged", "official")
 DEVICES = ("auto", "cpu", "cuda")
 WANDB_MODES = ("offline", "online", "disabled")
 CENTRAL_DATA = ("clients", "official")  # what `fedapps centralized` trains on
+OPTIMIZER_STATES = ("reset", "persist")  # train.optimizer-state
+PERSONAL_EVALS = ("algorithm", "local-previous")  # eval.personal
 
 
 def _require(ok: bool, key: str, value: Any, rule: str) -> None:
@@ -183,6 +185,14 @@ def validate(cfg: DictConfig, check_data: bool = True) -> None:
         _integer(cfg, "centralized.batch-size", 1)
     _choice(cfg, "centralized.train-data", CENTRAL_DATA)
     _choice(cfg, "train.precision", PRECISIONS)  # what this machine supports: preflight
+    spec = ALGORITHMS[cfg.algorithm]
+    state = _choice(cfg, "train.optimizer-state", OPTIMIZER_STATES)
+    _require(state == "reset" or spec.no_persistent_optimizer is None, "train.optimizer-state",
+             state, f"{cfg.algorithm} needs reset ({spec.no_persistent_optimizer})")
+    personal = _choice(cfg, "eval.personal", PERSONAL_EVALS)
+    _require(personal == "algorithm" or spec.personal_is_global, "eval.personal", personal,
+             f"only for algorithms whose P is the global model (e.g. fedavg, fedprox, feddyn); "
+             f"{cfg.algorithm} has a personalized model of its own")
     _integer(cfg, "eval.eval-every", 1)
     ef = _number(cfg, "eval.fraction")
     _require(0 < ef <= 1, "eval.fraction", ef, "must be in (0, 1]")

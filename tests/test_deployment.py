@@ -146,6 +146,8 @@ def test_restarted_supernode_resumes_its_personal_head_from_state_dir(tmp_path):
     run_id = (out / "run-id").read_text().strip()
     node_state = tmp_path / "state" / "node-1" / "run" / run_id / "partition-1"
     assert (node_state / "fedreb-h2.npz").is_file()
+    # fedreb-quick persists opt_1/opt_2 (train.optimizer-state): their momentum is there too
+    assert all((node_state / f"optimizer-stage{i}.npz").is_file() for i in (1, 2))
     assert rounds(out)[-1]["personal_accuracy"] > rounds(out)[-1]["global_accuracy"]
 
 
