@@ -102,10 +102,13 @@ class PartialClient(BaseClient):
         return (torch.bincount(self.data.y_train, minlength=classes) == 0).to(self.device)
 
     def predict(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """P with label-mask: the reference's forward (models/resnet.py, conv.py) masks in its
+        local evaluation as in training, `out.masked_fill(label_mask == 0, 0)`: an absent
+        class keeps a logit of 0 and wins where every held class's logit is negative."""
         logits = self.model(x)
         if not self.label_mask:
             return logits, logits
-        return logits, logits.masked_fill(self.absent_classes(), float("-inf"))
+        return logits, logits.masked_fill(self.absent_classes(), 0.0)
 
     def local_train(self, config: dict[str, Any]) -> dict[str, Any]:
         loss_fn = self.task_loss(self.model)

@@ -270,8 +270,14 @@ def test_label_masked_local_accuracy_argmaxes_over_the_clients_classes():
     assert n == 4 and metrics["correct-global"] == 0
     with torch.no_grad():
         logits = client.model(client.data.x_test)
-    expected = torch.where(logits[:, 3] >= logits[:, 7], 3, 7)  # argmax over {3, 7} only
+    # the reference's mask: the absent classes' logits become 0, the held ones stay
+    best_held = torch.maximum(logits[:, 3], logits[:, 7])
+    expected = torch.where(best_held < 0, 0, torch.where(logits[:, 3] >= logits[:, 7], 3, 7))
     assert metrics["correct-personal"] == int((expected == client.data.y_test).sum()) > 0
+    with torch.no_grad():  # both held classes far below 0: an absent class's 0 wins
+        client.model.classifier.bias[3] = client.model.classifier.bias[7] = -100.0
+    _, _, metrics = client.evaluate(get_arrays(client.model), {})
+    assert metrics["correct-personal"] == 0  # (-inf masking would still pick 3 or 7)
     plain = _two_class_client(label_mask=False)
     _, _, unmasked = plain.evaluate(arrays, {})
     assert unmasked["correct-personal"] == unmasked["correct-global"] == 0
