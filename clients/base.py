@@ -331,9 +331,10 @@ class BaseClient(NumPyClient):
         return float(total) / max(batches, 1)
 
     def clip_grad_norm(self) -> float | None:
-        """Max L2 norm of each step's gradient, or None (no clipping; every algorithm but the
-        partial-training ones, whose reference clips at 1)."""
-        return None
+        """Max L2 norm of each step's gradient, or None: the task's (detection: 10, as
+        Ultralytics' trainer clips), else none; the partial-training clients clip at 1 (their
+        reference)."""
+        return self.task.clip_grad_norm
 
     @contextmanager
     def in_precision(self) -> Iterator[None]:

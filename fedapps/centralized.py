@@ -49,6 +49,7 @@ from fedapps.config import parse_overrides, squash_overrides, to_container
 from fedapps.data import ClientData, FederatedData, federated_data
 from fedapps.errors import ConfigError
 from fedapps.evaluation import EVAL_BATCH, evaluate_sums, summarize_central
+from fedapps.metrics import PERCENT_METRICS
 from fedapps.registry import ALGORITHMS
 from fedapps.results import ResultsWriter
 from fedapps.runtime import dataset_task, seed_everything, select_device
@@ -191,7 +192,7 @@ def write_confusion(run_dir: Path, counts: np.ndarray) -> Path:
 def _show(metric: str, value: float | None) -> str:
     if value is None:
         return "-"
-    return f"{100 * value:.2f}%" if metric == "accuracy" else f"{value:.4f}"
+    return f"{100 * value:.2f}%" if metric in PERCENT_METRICS else f"{value:.4f}"
 
 
 def default_run_name(cfg: DictConfig) -> str:

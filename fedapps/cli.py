@@ -17,6 +17,7 @@ from omegaconf import OmegaConf
 from fedapps import rundir
 from fedapps.config import available, to_container
 from fedapps.errors import ConfigError
+from fedapps.metrics import show_metric
 from fedapps.paths import data_root
 
 OVERWRITE_HELP = ("replace a run already in the run directory (without it, a completed or "
@@ -181,10 +182,7 @@ def _report(status: str, out: Path) -> int:
     metric = summary.get("metric", "accuracy")
 
     def show(key: str) -> str:
-        v = summary.get(f"{key}_{metric}")
-        if v is None:
-            return "-"
-        return f"{100 * v:.2f}%" if metric == "accuracy" else f"{metric} {v:.4f}"
+        return show_metric(summary.get(f"{key}_{metric}"), metric)
 
     emd = summary.get("emd")
     skew = f", EMD {emd:.3f}" if emd is not None else ""

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from fedapps.splitnet import SplitNet, layered
+from fedapps.yolo import yolov8n
 
 
 class _Recurrent(nn.Module):
@@ -166,8 +167,10 @@ IOT_MODELS: dict[str, tuple[Callable[..., SplitNet], int]] = {
     "casas-bilstm": (casas_bilstm, 1),
     "aep-mlp": (aep_mlp, 6),
     "epic-resnet18": (epic_resnet18, 1),
+    "yolov8n": (yolov8n, 1),  # VisDrone (fedapps/yolo.py; needs the `detection` extra)
 }
 TOKEN_MODELS = ("casas-bilstm",)  # take `vocab_size` (DatasetInfo.vocab_size)
+DETECTION_MODELS = ("yolov8n",)  # output DetectorOutput (fedapps/yolo.py): detection data
 # the input shape each model is written for (validation checks the dataset's shape against it)
 IOT_INPUT_RANKS = {"wisdm-lstm": 2, "uthar-resnet18": 3, "widar-resnet18": 3,
-                   "casas-bilstm": 1, "aep-mlp": 1, "epic-resnet18": 3}
+                   "casas-bilstm": 1, "aep-mlp": 1, "epic-resnet18": 3, "yolov8n": 3}

@@ -13,12 +13,12 @@ import torch
 from torch import nn
 
 from clients.arrays import get_arrays, set_arrays
-from fedapps.iot_models import IOT_INPUT_RANKS, IOT_MODELS, TOKEN_MODELS
+from fedapps.iot_models import DETECTION_MODELS, IOT_INPUT_RANKS, IOT_MODELS, TOKEN_MODELS
 from fedapps.pretrained import load_vgg19_features, vgg19_features
 from fedapps.splitnet import SplitNet, layered
 
-__all__ = ["IMAGE_MODELS", "IOT_INPUT_RANKS", "MODELS", "PRETRAINED_MODELS", "SplitNet",
-           "build_model", "fc_depth", "frozen_names", "get_arrays", "set_arrays"]
+__all__ = ["DETECTION_MODELS", "IMAGE_MODELS", "IOT_INPUT_RANKS", "MODELS", "PRETRAINED_MODELS",
+           "SplitNet", "build_model", "fc_depth", "frozen_names", "get_arrays", "set_arrays"]
 
 
 def _fc_stack(dims: list[int], final_relu: bool) -> list[nn.Module]:

@@ -13,7 +13,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 # How each task metric is shown: (scale, axis label)
 METRIC_AXES = {"accuracy": (100.0, "accuracy (%)"),
-               "r2": (1.0, "R² (coefficient of determination)")}
+               "r2": (1.0, "R² (coefficient of determination)"),
+               "map50": (100.0, "mAP-50 (%)")}
 
 
 SERIES = {"global": "G (global model)", "personal": "P (personalized)",

@@ -126,13 +126,15 @@ def _gpfl_model(cfg: DictConfig) -> torch.nn.Module:
 
 
 CLASSES = ("classification",)
+# FedAvg (and FedOPT, its server optimizer) also trains detectors: seed 004's VisDrone row
+WITH_DETECTION = ("classification", "regression", "detection")
 # the periodic peer methods leave frozen parameters out of their traffic (exchange: trainable)
 PEER = {"strategy_kwargs": lambda cfg, model: {"frozen": frozen_names(model)}}
 FEDREB = Algorithm(FedReb, FedRebClient, FedRebSettings, transforms=("rebalance",),
                    tasks=CLASSES)
 
 ALGORITHMS: dict[str, Algorithm] = {
-    "fedavg": Algorithm(FedAvg, FedAvgClient),
+    "fedavg": Algorithm(FedAvg, FedAvgClient, tasks=WITH_DETECTION),
     "fedprox": Algorithm(FedProx, FedProxClient, FedProxSettings),
     "fednova": Algorithm(FedNova, FedNovaClient, FedNovaSettings,  # seed 002 baseline
                          strategy_kwargs=lambda cfg, model: {

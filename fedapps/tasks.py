@@ -20,8 +20,6 @@ import torch
 from torch.nn import functional as F
 
 Sums = dict[str, int | float]
-
-
 def client_percentiles(values: Sequence[float], prefix: str) -> dict[str, float]:
     """p10/p50/p90/std of per-client scores: how unevenly the federation is served."""
     if not values:
@@ -40,6 +38,7 @@ class Task:
     higher_is_better: bool = True
     sum_names: tuple[str, ...] = ()  # the metric keys a client reports, in batch_sums order
     sum_dtype: torch.dtype = torch.float64  # integer counts stay exact in torch.long
+    clip_grad_norm: float | None = None  # max gradient norm of each training step (None: none)
 
     def loss(self, output: torch.Tensor, target: torch.Tensor,
              reduction: str = "mean") -> torch.Tensor:
@@ -275,7 +274,85 @@ class Regression(Task):
         return None
 
 
-TASKS: dict[str, Task] = {"classification": Classification(), "regression": Regression()}
+class Detection(Task):
+    """Object detection (seed 004's VisDrone row): the detector's own loss; G and P are mAP-50
+    from per-(class, confidence bin) histograms that add over clients (fedapps/detection.py).
+
+    Targets are padded per image, [B, M, 5] rows (class, cx, cy, w, h) with box coordinates as
+    fractions of the image side and class < 0 for padding; outputs are `DetectorOutput`s
+    (fedapps/yolo.py). Each predictor's histogram travels as int64 bytes."""
+
+    name = "detection"
+    metric = "map50"
+    higher_is_better = True
+    sum_names = ("detection-global", "detection-personal")
+    sum_dtype = torch.long
+    clip_grad_norm = 10.0  # Ultralytics' trainer clips every step's gradient norm at 10
+
+    @staticmethod
+    def loss_batch(target: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Padded targets as the flat batch Ultralytics' loss reads."""
+        valid = target[..., 0] >= 0
+        image, _ = torch.nonzero(valid, as_tuple=True)
+        rows = target[valid].float()
+        return {"batch_idx": image.float(), "cls": rows[:, :1], "bboxes": rows[:, 1:5]}
+
+    def loss(self, output: Any, target: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+        """Box + class + DFL loss per image, averaged ("mean") or summed over the batch."""
+        total, _ = output.criterion(output.raw, self.loss_batch(target))
+        summed = total.sum()  # Ultralytics returns the three terms x batch size
+        return summed / len(target) if reduction == "mean" else summed
+
+    def batch_sums(self, out_global: Any, out_personal: Any,
+                   target: torch.Tensor) -> torch.Tensor:
+        from fedapps.detection import detections, histogram
+
+        return torch.cat([histogram(detections(out.decoded), target, out.image_side,
+                                    out.decoded.shape[1] - 4)
+                          for out in (out_global, out_personal)])
+
+    def to_metrics(self, values: Sequence[float]) -> Sums:
+        """Both histograms as int64 bytes (Flower metrics are scalars or bytes)."""
+        counts = np.rint(np.asarray(values, dtype=np.float64)).astype("<i8")
+        if counts.size % 2:
+            raise ValueError(f"detection: {counts.size} counts, not two histograms")
+        half = counts.size // 2
+        return {k: counts[i * half:(i + 1) * half].tobytes()
+                for i, k in enumerate(self.sum_names)}
+
+    def read(self, sums: dict[str, Any]) -> dict[str, Any]:
+        """The two histograms as int64 arrays (np.frombuffer: no unpickling)."""
+        out = {}
+        for key in self.sum_names:
+            blob = sums.get(key)
+            if not isinstance(blob, bytes) or len(blob) % 8:
+                raise ValueError(f"detection evaluation: client metrics lack {key}")
+            out[key] = np.frombuffer(blob, dtype="<i8").astype(np.int64)
+        return out
+
+    def scores(self, n: int, sums: Sums) -> tuple[float | None, float | None]:
+        from fedapps.detection import map50
+
+        if not n:
+            return None, None
+        return map50(sums["detection-global"]), map50(sums["detection-personal"])
+
+    def check_sums(self, n: int, metrics: dict[str, Any]) -> str | None:
+        from fedapps.detection import histogram_problem
+
+        try:
+            hists = self.read(metrics)
+        except ValueError as err:
+            return str(err)
+        for key, h in hists.items():
+            problem = histogram_problem(h)
+            if problem:
+                return f"{key}: {problem}"
+        return None
+
+
+TASKS: dict[str, Task] = {"classification": Classification(), "regression": Regression(),
+                          "detection": Detection()}
 
 
 def get_task(name: str) -> Task:

@@ -13,9 +13,17 @@ from omegaconf import DictConfig, OmegaConf
 
 from fedapps import data as fdata
 from fedapps.config import load_config
+from fedapps.data.partition import cluster_weights_needed
 from fedapps.errors import ConfigError
 from fedapps.iot_models import TOKEN_MODELS
-from fedapps.models import IMAGE_MODELS, IOT_INPUT_RANKS, MODELS, PRETRAINED_MODELS, fc_depth
+from fedapps.models import (
+    DETECTION_MODELS,
+    IMAGE_MODELS,
+    IOT_INPUT_RANKS,
+    MODELS,
+    PRETRAINED_MODELS,
+    fc_depth,
+)
 from fedapps.paths import data_root
 from fedapps.precision import PRECISIONS
 from fedapps.pretrained import check_vgg19_weights
@@ -139,6 +147,9 @@ def validate(cfg: DictConfig, check_data: bool = True) -> None:
     rank = IOT_INPUT_RANKS.get(model, len(shape))
     _require(len(shape) == rank, "model.name", model,
              f"takes {rank}-d samples; {dataset} gives {list(shape)}")
+    _require((model in DETECTION_MODELS) == (task == "detection"), "model.name", model,
+             f"{dataset} is a detection dataset: use {', '.join(DETECTION_MODELS)}"
+             if task == "detection" else f"is a detector; {dataset} is {task}")
     vocab = fdata.DATASETS[dataset].vocab_size
     _require((model in TOKEN_MODELS) == (vocab is not None), "model.name", model,
              f"{dataset} gives token ids (vocabulary {vocab}): use {', '.join(TOKEN_MODELS)}"
@@ -211,3 +222,6 @@ def validate(cfg: DictConfig, check_data: bool = True) -> None:
         fdata.check_available(dataset, data_root(cfg), bool(cfg.data.download))
         if pretrained:  # the weights are data too: present and the published file
             check_vgg19_weights()
+        if cluster_weights_needed(cfg):
+            check_vgg19_weights(None, "data.fedaiot.cluster-features=vgg19",
+                                "set data.fedaiot.cluster-features=raw")

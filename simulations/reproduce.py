@@ -30,6 +30,7 @@ from omegaconf import OmegaConf
 
 from fedapps.config import available, load_config
 from fedapps.errors import ConfigError
+from fedapps.metrics import metric_scale
 from fedapps.paths import CONF_DIR
 from fedapps.preflight import check_device, check_output_dir
 from fedapps.rundir import RunCompleted, RunDirBusy
@@ -48,7 +49,7 @@ COSTS = (("mean_client_params", "params/client (M)", 1e-6),
 
 def columns(metric: str, official: bool) -> list[tuple[str, str, float]]:
     """(summary key, column name, scale) of a table for runs reporting `metric`."""
-    scale = 100.0 if metric == "accuracy" else 1.0
+    scale = metric_scale(metric)
     named = METRICS + (OFFICIAL if official else ())
     cols = [(f"{key}_{metric}", name + (f" {metric}" if metric != "accuracy" else ""), scale)
             for key, name in named]
@@ -268,7 +269,7 @@ def table(by_cell: dict[str, list[dict[str, Any]]], grid: Grid) -> str:
     metric = run_metric(by_cell)
     metrics = columns(metric, any(f"best_official_test_{metric}" in d["summary"]
                                   for docs in by_cell.values() for d in docs))
-    scale = 100.0 if metric == "accuracy" else 1.0
+    scale = metric_scale(metric)
     metrics += [(f"@{share:g}", f"best within {100 * share:g}% of rounds", scale)
                 for share in grid.budgets]
     extra = {k for ref in grid.reference.values() for k in ref} - {"G", "P"}

@@ -34,6 +34,7 @@ from typing import Any
 from fedapps.errors import ConfigError
 
 CLIENT_SAMPLES = 1000  # the partition a row's round and memory are given for
+DETECTION_BOXES = 54  # boxes per image of a detection row (VisDrone-DET train: ~54 on average)
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,7 @@ class Row:
     experiment: str
     overrides: tuple[str, ...] = ()
     beta: float | None = None  # partial-training sub-model at this capacity
+    samples: int = CLIENT_SAMPLES  # the client's partition (VisDrone: its share, 640 px images)
 
     @property
     def key(self) -> str:
@@ -61,6 +63,8 @@ ROWS: tuple[Row, ...] = (
     Row("seed3-cifar10", NO_WEIGHTS), Row("seed3-office31", NO_WEIGHTS),  # seed 003's VGG-19
     Row("fedaiot-wisdm-w"), Row("fedaiot-ut-har"), Row("fedaiot-widar"),  # seed 004 IoT
     Row("fedaiot-casas"), Row("fedaiot-aep"), Row("fedaiot-epic-sounds"),
+    # YOLOv8n: 6,471 images / 30 clients; no VGG-19 clusters (the partition is not built)
+    Row("fedaiot-visdrone", ("data.fedaiot.cluster-features=raw",), samples=216),
 )
 
 
@@ -85,6 +89,14 @@ def random_inputs(cfg, n: int, seed: int):
         x = torch.randn((n, *info.shape), generator=g)
     if info.task == "regression":
         return x, torch.randn(n, generator=g)
+    if info.task == "detection":  # pixels in [0, 1], DETECTION_BOXES boxes per image
+        shape = (n, DETECTION_BOXES)
+        y = torch.stack([torch.randint(info.num_classes, shape, generator=g).float(),
+                         0.2 + 0.6 * torch.rand(shape, generator=g),
+                         0.2 + 0.6 * torch.rand(shape, generator=g),
+                         0.01 + 0.1 * torch.rand(shape, generator=g),
+                         0.01 + 0.1 * torch.rand(shape, generator=g)], dim=2)
+        return x.uniform_(0, 1, generator=g), y
     return x, torch.randint(info.num_classes, (n,), generator=g)
 
 
@@ -110,7 +122,7 @@ def measure(row: Row, batches: int, threads: int) -> dict[str, Any]:
     cfg = resolve_config(row.experiment, [*row.overrides, "device=cpu"], check_data=False)
     settings = train_settings(cfg)
     model = build(cfg, row.beta)
-    x, y = random_inputs(cfg, CLIENT_SAMPLES, int(cfg.seed))  # batches past it reshuffle
+    x, y = random_inputs(cfg, row.samples, int(cfg.seed))  # batches past it reshuffle
     data = ClientData(x, y, x[:0], y[:0])
     client = BaseClient(model, data, settings, 0, device="cpu", task=dataset_task(cfg))
     client.seed_generator({"server-round": 1}, stream=0)
@@ -125,7 +137,7 @@ def measure(row: Row, batches: int, threads: int) -> dict[str, Any]:
         client.sgd_epochs(params, loss_fn, 0, steps=batches)
         seconds = (time.perf_counter() - start) / batches
     info = DATASETS[cfg.dataset]
-    sample_bytes = x[0].numel() * x.element_size() + y.element_size()
+    sample_bytes = x[0].numel() * x.element_size() + y[0].numel() * y.element_size()
     epochs = settings.local_epochs
     return {
         "key": row.key, "experiment": row.experiment, "beta": row.beta,
@@ -138,9 +150,10 @@ def measure(row: Row, batches: int, threads: int) -> dict[str, Any]:
         "batch_size": settings.batch_size, "local_epochs": epochs,
         "precision": settings.precision, "threads": threads, "batches": batches,
         "seconds_per_batch": round(seconds, 5),
-        "round_seconds": round(epochs * math.ceil(CLIENT_SAMPLES / settings.batch_size)
+        "samples": row.samples,
+        "round_seconds": round(epochs * math.ceil(row.samples / settings.batch_size)
                                * seconds, 3),
-        "data_mb": round(CLIENT_SAMPLES * sample_bytes / 2**20, 3),
+        "data_mb": round(row.samples * sample_bytes / 2**20, 3),
         "baseline_rss_mb": round(baseline, 1),
         "peak_rss_mb": round(_status_mb("VmHWM"), 1),  # while training
         "lifetime_peak_rss_mb": round(max(lifetime_peak, _status_mb("VmHWM")), 1),
@@ -214,8 +227,10 @@ def markdown(report: dict[str, Any]) -> str:
         params = f"{r['parameters']:,}"
         if r["trainable"] != r["parameters"]:
             params += f" ({r['trainable']:,} trained)"
+        other = r.get("samples", report["client_samples"]) != report["client_samples"]
+        preset = r["experiment"] + (f" ({r['samples']:,} samples)" if other else "")
         lines.append(
-            f"| {r['experiment']} | {r['model']} | {width} | {'x'.join(map(str, r['input']))} "
+            f"| {preset} | {r['model']} | {width} | {'x'.join(map(str, r['input']))} "
             f"| {params} | {r['batch_size']} | {r['seconds_per_batch']:.4f} | "
             f"{r['round_seconds']:.1f} s ({r['local_epochs']}) | {r['data_mb']:.1f} | "
             f"{r['baseline_rss_mb']:.0f} | {r['peak_rss_mb']:.0f} |")

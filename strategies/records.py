@@ -10,6 +10,8 @@ from typing import Any
 
 from flwr.common import Scalar
 
+from fedapps.metrics import PERCENT_METRICS
+
 # Traffic counters of a round, all in bytes of serialized arrays (config and metric scalars,
 # a few hundred bytes per message, are not counted).
 TRAFFIC = ("bytes_down", "bytes_up", "bytes_down_eval", "bytes_down_xeval", "bytes_up_xeval")
@@ -99,9 +101,12 @@ def round_record(rlog: RoundLog, metrics: dict[str, Any], metric: str = "accurac
 
 
 def format_metric(v: float | None, metric: str = "accuracy") -> str:
-    """Accuracy as a percentage, any other metric (R^2) as a plain number."""
+    """Accuracy as a percentage (mAP-50 too, named), any other metric (R^2) as a plain
+    number, fixed width."""
     if metric == "accuracy":
         return "   -  " if v is None else f"{100 * v:5.2f}%"
+    if metric in PERCENT_METRICS:
+        return f"{metric} " + ("   -  " if v is None else f"{100 * v:5.2f}%")
     return f"{metric} " + ("   -  " if v is None else f"{v:.4f}")
 
 

@@ -28,7 +28,7 @@ def test_generated_presets_and_grids_are_what_the_generator_writes() -> None:
     from simulations.fedaiot_grids import SETTINGS, files
 
     written = files()
-    assert len(written) == 5 * len(SETTINGS) - 1  # no Table 2.5 for AEP (regression)
+    assert len(written) == 5 * len(SETTINGS) - 2  # no Table 2.5 for AEP and VisDrone
     for path, text in written.items():
         assert path.read_text() == text, f"{path.name}: rerun python -m simulations.fedaiot_grids"
 
@@ -43,6 +43,10 @@ def test_fedaiot_presets_follow_section_2_3() -> None:
     aep = load_config("fedaiot-aep", [])
     assert (aep.data.partitioner, aep.model.name, aep.rounds) == ("fedaiot-quantiles", "aep-mlp",
                                                                   3000)
+    vis = load_config("fedaiot-visdrone", [])  # Table 2.1: 30 clients; B5: Table 2.4's rounds
+    assert (vis.dataset, vis.model.name, vis.data.partitioner, vis.data.fedaiot["cluster-features"],
+            vis.federation["num-clients"], vis.rounds, vis.train.lr, vis.train["batch-size"]) == \
+        ("visdrone", "yolov8n", "fedaiot-clusters", "vgg19", 30, 600, 0.1, 12)
     epic = load_config("fedaiot-epic-sounds", [])
     assert (epic.federation["num-clients"], epic.federation["clients-per-round"],
             epic.centralized["batch-size"]) == (210, 21, 512)

@@ -26,6 +26,7 @@ from fedapps.data.fedaiot_partition import (
 from fedapps.data.partition import PartitionInput, run_partitioner
 from fedapps.errors import ConfigError
 from fedapps.validation import validate
+from tests.visdrone_fixture import write_fixture
 
 
 def test_a_client_at_capacity_gets_no_share_of_later_classes():
@@ -196,12 +197,12 @@ def test_keys_hold_every_parameter_and_validation_is_one_line(tmp_path, monkeypa
             validate(load_config("quickstart", overrides), check_data=False)
         assert str(err.value).startswith(message) and "\n" not in str(err.value)
     monkeypatch.setattr(pretrained, "vgg19_weights_path", lambda: tmp_path / "vgg19-0.pth")
+    write_fixture(tmp_path)  # VisDrone's images: a dataset the VGG-19 clusters fit
+    visdrone = load_config("fedaiot-visdrone", [f"data.data-root={tmp_path}"])
+    validate(visdrone, check_data=False)  # the weights are data: checked with the data
     with pytest.raises(ConfigError, match="^data.fedaiot.cluster-features=vgg19: no ImageNet "
                                           "weights at "):
-        validate(load_config("quickstart", ["dataset=cifar10", "model.name=cnn",
-                                            "data.partitioner=fedaiot-clusters",
-                                            "data.fedaiot.cluster-features=vgg19"]),
-                 check_data=False)
+        validate(visdrone, check_data=True)
     with pytest.raises(ConfigError, match="^data.partitioner=fedaiot-quantiles: needs a "
                                           "regression target; this dataset has none$"):
         run_partitioner("fedaiot-quantiles", PartitionInput(10, labels=np.zeros(10, np.int64)),

@@ -62,6 +62,12 @@ def test_random_inputs_have_the_datasets_shape_and_label_range():
             assert y.is_floating_point()
         else:
             assert y.min() >= 0 and y.max() < info.num_classes and not y.is_floating_point()
+    cfg_d = resolve_config("fedaiot-visdrone", ["data.fedaiot.cluster-features=raw"],
+                           check_data=False)
+    x, y = random_inputs(cfg_d, 3, 0)  # detection: pixels in [0, 1], boxes inside the image
+    assert tuple(x.shape) == (3, 3, 640, 640) and x.min() >= 0 and x.max() <= 1
+    assert y.shape == (3, 54, 5) and (y[..., 0] >= 0).all() and (y[..., 0] < 12).all()
+    assert (y[..., 1:3] - y[..., 3:5] / 2 > 0).all() and (y[..., 1:3] + y[..., 3:5] / 2 < 1).all()
     a, b = random_inputs(cfg, 5, 3), random_inputs(cfg, 5, 3)
     assert (a[0] == b[0]).all() and (a[1] == b[1]).all()  # seeded
 

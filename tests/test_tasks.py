@@ -30,8 +30,8 @@ def test_registry_and_attributes():
     assert CLS.higher_is_better and REG.higher_is_better
     assert CLS.sum_names == ("correct-global", "correct-personal")
     assert REG.sum_names == ("sum-y", "sum-y2", "sse-global", "sse-personal")
-    with pytest.raises(ValueError, match="unknown task 'detection'"):
-        get_task("detection")
+    with pytest.raises(ValueError, match="unknown task 'segmentation'"):
+        get_task("segmentation")
 
 
 # ---- classification ---------------------------------------------------------------------------

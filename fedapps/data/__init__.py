@@ -168,17 +168,21 @@ class FederatedData:
         return class_counts(parts, labels, self.pool.num_classes)
 
     def summary(self) -> dict:
-        """Partition facts recorded in results.json (regression: sizes, target scale)."""
+        """Partition facts recorded in results.json (regression: sizes, target scale;
+        detection: sizes, boxes per client)."""
         sizes = {"train_sizes": [len(t) for t in self.train_idx],
                  "test_sizes": [len(t) for t in self.test_idx]}
         if self.pool.labels() is None:
             total = [a + b for a, b in zip(sizes["train_sizes"], sizes["test_sizes"],
                                            strict=True)]
+            facts = {"emd": None, "min_client_samples": min(total),
+                     "max_client_samples": max(total), **sizes}
+            if self.pool.task == "detection":
+                boxes = (self.pool.y[..., 0] >= 0).sum(dim=1).numpy()
+                return {**facts, "train_boxes": [int(boxes[t].sum()) for t in self.train_idx]}
             assert self.norm.target_mean is not None and self.norm.target_std is not None
-            return {"emd": None, "min_client_samples": min(total),
-                    "max_client_samples": max(total),
-                    "target_mean": self.norm.target_mean.tolist(),
-                    "target_std": self.norm.target_std.tolist(), **sizes}
+            return {**facts, "target_mean": self.norm.target_mean.tolist(),
+                    "target_std": self.norm.target_std.tolist()}
         counts = self.counts("all")
         return {
             "emd": emd(counts),

@@ -29,12 +29,13 @@ import torch
 
 from fedapps.errors import ConfigError
 
-TASKS = ("classification", "regression")
+TASKS = ("classification", "regression", "detection")
 # image: uint8 [N, C, H, W] scaled to [0, 1], per-channel mean/std over the whole pool (as the
 #   seeds' pipelines did); channel: float [N, C, ...], per-channel (axis 1) mean/std of the
 #   official train split; feature: float, every feature element standardized with train-split
-#   statistics; none: passed through unchanged (token ids, pre-normalized data).
-NORMALIZATIONS = ("image", "channel", "feature", "none")
+#   statistics; unit: uint8 images scaled to [0, 1] only (detectors: YOLO's input); none: passed
+#   through unchanged (token ids, pre-normalized data).
+NORMALIZATIONS = ("image", "channel", "feature", "unit", "none")
 # torchvision's ImageNet statistics (RGB, [0, 1] scale), for ImageNet-pretrained models
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -45,7 +46,9 @@ class Pool:
     """All samples of a dataset: official train first, then official test."""
 
     x: torch.Tensor  # uint8 [N, C, H, W] images, float [N, *input_shape], or int64 token ids
-    y: torch.Tensor  # int64 labels [N] (classification) or float32 targets [N] / [N, d]
+    # int64 labels [N] (classification), float32 targets [N] / [N, d] (regression) or padded
+    # boxes [N, M, 5] (detection: class, cx, cy, w, h; class -1 pads)
+    y: torch.Tensor
     num_train: int  # the first num_train samples are the official train split
     num_classes: int | None  # None for regression
     task: str = "classification"
@@ -147,6 +150,8 @@ class Normalizer:
         lower precision (EPIC-SOUNDS' float16 cache) become float32."""
         if self.kind == "none":
             return x.float() if x.is_floating_point() else x
+        if self.kind == "unit":
+            return x.float().div_(255.0)
         assert self.mean is not None and self.std is not None
         xf = x.float().div_(255.0) if self.kind == "image" else x.float()
         return (xf - self._view(self.mean, xf)) / self._view(self.std, xf)

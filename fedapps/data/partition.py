@@ -390,17 +390,21 @@ def _fedaiot_clusters(data: PartitionInput, num_clients: int, seed: int, alpha: 
 
 
 def _check_fedaiot_clusters(params: dict[str, Any], info: DatasetInfo) -> None:
-    """vgg19 needs 3-channel images the conv layers take and the published weights file."""
+    """vgg19 needs 3-channel images the conv layers take (the weights file is data: checked
+    with the data, `cluster_weights_needed`)."""
     if params["features"] != "vgg19":
         return
     shape = info.shape
-    if info.normalization != "image" or len(shape) != 3 or shape[0] != 3 or min(shape[1:]) < 32:
+    uint8 = info.normalization in ("image", "unit")  # uint8 pixels in the pool
+    if not uint8 or len(shape) != 3 or shape[0] != 3 or min(shape[1:]) < 32:
         raise ConfigError(f"data.fedaiot.cluster-features=vgg19: needs [3, >=32, >=32] images "
                           f"(this dataset: {list(shape)}); use data.fedaiot.cluster-features=raw")
-    from fedapps.pretrained import check_vgg19_weights
 
-    check_vgg19_weights(None, "data.fedaiot.cluster-features=vgg19",
-                        "set data.fedaiot.cluster-features=raw")
+
+def cluster_weights_needed(cfg: Any) -> bool:
+    """Whether this config's partition embeds images with VGG-19 (its weights file is data)."""
+    return cfg.data.partitioner == "fedaiot-clusters" \
+        and cfg.data.fedaiot["cluster-features"] == "vgg19"
 
 
 def _disjoint_label(data: PartitionInput, num_clients: int, seed: int,

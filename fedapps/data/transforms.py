@@ -81,6 +81,8 @@ def _two_classes(info: DatasetInfo) -> str | None:
 
 
 def _images_only(info: DatasetInfo) -> str | None:
+    if info.task == "detection":
+        return "would move the pixels but not the boxes"
     return None if info.normalization == "image" else "augments uint8 images only"
 
 

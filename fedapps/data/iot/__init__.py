@@ -13,6 +13,7 @@ from fedapps.data.iot import (  # noqa: F401  (each module registers its dataset
     casas,
     epic_sounds,
     ut_har,
+    visdrone,
     widar,
     wisdm,
 )

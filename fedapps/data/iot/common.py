@@ -3,12 +3,14 @@ an optional download of a public archive."""
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import shutil
 import urllib.request
 import zipfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -72,3 +74,16 @@ def download_zip(url: str, dest: Path, archive_name: str | None = None) -> None:
     except (OSError, zipfile.BadZipFile) as err:
         raise ConfigError(f"data.download: fetching {url} into {dest} failed "
                           f"({' '.join(str(err).split())})") from None
+
+
+@contextmanager
+def exclusive(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on `path`.lock: processes that start together (SuperNodes, Ray
+    workers) wait for the one building the features instead of each building them again."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)

@@ -20,11 +20,8 @@ float16 `.npy` in the cache and mapped back, so a process reads only the samples
 
 from __future__ import annotations
 
-import fcntl
 import math
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +29,7 @@ import pandas as pd
 import torch
 
 from fedapps.data.datasets import DATASETS, DatasetInfo, Pool, cache_dir
-from fedapps.data.iot.common import cached_arrays, files_identity, require
+from fedapps.data.iot.common import cached_arrays, exclusive, files_identity, require
 from fedapps.errors import ConfigError
 
 NAME = "epic-sounds"
@@ -237,19 +234,6 @@ def features_path(ident: str) -> Path:
     return cache_dir() / "iot" / f"{NAME}-{ident}-x.npy"
 
 
-@contextmanager
-def _exclusive(path: Path) -> Iterator[None]:
-    """Hold an exclusive lock on `path`.lock: processes that start together (SuperNodes, Ray
-    workers) wait for the one building the features instead of each building them again."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_suffix(".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-
-
 def load(root: Path, download: bool) -> Pool:
     """The EPIC-SOUNDS pool (train clips, then 5 clips per test segment), its inputs mapped
     from the cache; data.download is the missing-data error (no direct download exists)."""
@@ -258,7 +242,7 @@ def load(root: Path, download: bool) -> Pool:
     x_path = features_path(ident)
     tables = None
     if not x_path.is_file():
-        with _exclusive(x_path):
+        with exclusive(x_path):
             if not x_path.is_file():
                 _h5py_required()
                 tables = read_tables(root)

@@ -1,0 +1,172 @@
+"""VisDrone2019-DET (AISKYEYE, Tianjin University): drone images with object boxes, seed 004's
+object-detection row (mAP-50, YOLOv8n, partitioned by clusters of input features).
+
+Layout: the public release archives unpacked under `<root>/visdrone/`:
+`VisDrone2019-DET-train/{images,annotations}` (6,471 images, the thesis's train count) and
+`VisDrone2019-DET-test-dev/{images,annotations}` (1,610, its test count), as the reference's
+download.py arranges them. Each `annotations/<image>.txt` line is
+`left,top,width,height,score,category,truncation,occlusion` in pixels.
+
+Classes (B4): the thesis says 12 object categories and the reference trains on the raw
+category numbers 0-11 as class ids (0 "ignored regions" and 11 "others" included); so do we.
+Images are letterboxed to a square of `side` pixels (aspect kept, the rest grey 114, centred:
+Ultralytics' validation letterbox) and stored uint8 in a memory-mapped cache; pixels are
+scaled to [0, 1] (normalization `unit`). The reference trains at 640 (its imgsz), `visdrone`;
+`visdrone-320` is the same data at 320 for CPU-sized runs. Targets: [N, M, 5] float32 rows
+(class, cx, cy, w, h) as fractions of the side, padded with class -1 to the most boxes of any
+image. Boxes of zero width or height after clipping to the image are dropped.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+from fedapps.data.datasets import DATASETS, DatasetInfo, Pool, cache_dir
+from fedapps.data.iot.common import cached_arrays, exclusive, files_identity, require
+from fedapps.errors import ConfigError
+
+NAME = "visdrone"
+FOLDER = "visdrone"
+SPLITS = ("VisDrone2019-DET-train", "VisDrone2019-DET-test-dev")
+NUM_CLASSES = 12
+PAD_VALUE = 114
+LAYOUT = (f"{FOLDER}/{{VisDrone2019-DET-train,VisDrone2019-DET-test-dev}}/"
+          "{images/*.jpg,annotations/*.txt}")
+WHERE = ("the VisDrone2019-DET train and test-dev archives (github.com/VisDrone/VisDrone-Dataset, "
+         "CC BY-NC-SA 3.0), unpacked as they come")
+
+
+def check(root: Path) -> None:
+    require(NAME, root, [f"{FOLDER}/{s}/{d}" for s in SPLITS for d in ("images", "annotations")],
+            LAYOUT, WHERE)
+
+
+def image_files(root: Path) -> list[tuple[Path, Path]]:
+    """(image, annotation) pairs, train then test-dev, each split in name order; an image
+    without its annotation file is a one-line error."""
+    pairs = []
+    for split in SPLITS:
+        folder = root / FOLDER / split
+        images = sorted((folder / "images").glob("*.jpg"))
+        if not images:
+            raise ConfigError(f"dataset {NAME}: no .jpg images in {folder / 'images'}")
+        for image in images:
+            note = folder / "annotations" / f"{image.stem}.txt"
+            if not note.is_file():
+                raise ConfigError(f"dataset {NAME}: {image} has no annotation file {note}")
+            pairs.append((image, note))
+    return pairs
+
+
+def read_boxes(path: Path) -> np.ndarray:
+    """[n, 5] float64 rows (category, left, top, width, height) of one annotation file."""
+    rows = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        fields = [f for f in line.strip().split(",") if f != ""]
+        if not fields:
+            continue
+        try:
+            left, top, width, height, _, category = (int(f) for f in fields[:6])
+        except ValueError:
+            raise ConfigError(f"dataset {NAME}: {path}:{number}: expected integers "
+                              "left,top,width,height,score,category,...") from None
+        if not 0 <= category < NUM_CLASSES:
+            raise ConfigError(f"dataset {NAME}: {path}:{number}: category {category} outside "
+                              f"0..{NUM_CLASSES - 1}")
+        rows.append((category, left, top, width, height))
+    return np.array(rows, dtype=np.float64).reshape(-1, 5)
+
+
+def letterbox(image: Image.Image, side: int) -> tuple[np.ndarray, float, float, float]:
+    """uint8 [3, side, side] and (scale, left pad, top pad) mapping raw pixels to it."""
+    w, h = image.size
+    scale = side / max(w, h)
+    nw, nh = max(1, round(w * scale)), max(1, round(h * scale))
+    left, top = (side - nw) // 2, (side - nh) // 2
+    canvas = np.full((side, side, 3), PAD_VALUE, dtype=np.uint8)
+    canvas[top:top + nh, left:left + nw] = np.asarray(
+        image.convert("RGB").resize((nw, nh), Image.BILINEAR))
+    return canvas.transpose(2, 0, 1), scale, float(left), float(top)
+
+
+def target_rows(boxes: np.ndarray, size: tuple[int, int], scale: float, left: float,
+                top: float, side: int) -> np.ndarray:
+    """[n, 5] (class, cx, cy, w, h) as fractions of the letterboxed side; boxes clipped to
+    the image first, empty ones dropped."""
+    w, h = size
+    x1 = np.clip(boxes[:, 1], 0, w)
+    y1 = np.clip(boxes[:, 2], 0, h)
+    x2 = np.clip(boxes[:, 1] + boxes[:, 3], 0, w)
+    y2 = np.clip(boxes[:, 2] + boxes[:, 4], 0, h)
+    keep = (x2 > x1) & (y2 > y1)
+    x1, y1, x2, y2 = x1[keep], y1[keep], x2[keep], y2[keep]
+    cx = ((x1 + x2) / 2 * scale + left) / side
+    cy = ((y1 + y2) / 2 * scale + top) / side
+    return np.stack([boxes[keep, 0], cx, cy, (x2 - x1) * scale / side,
+                     (y2 - y1) * scale / side], axis=1)
+
+
+def _build_images(pairs: list[tuple[Path, Path]], side: int, path: Path
+                  ) -> dict[str, np.ndarray]:
+    """Write every letterboxed image to `path` (a .npy memory map, atomically); return the
+    padded targets."""
+    tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp.npy")
+    out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.uint8,
+                                    shape=(len(pairs), 3, side, side))
+    targets = []
+    try:
+        for i, (image_path, note) in enumerate(pairs):
+            with Image.open(image_path) as image:
+                out[i], scale, left, top = letterbox(image, side)
+                targets.append(target_rows(read_boxes(note), image.size, scale, left, top,
+                                           side))
+        out.flush()
+    except BaseException:
+        del out
+        tmp.unlink(missing_ok=True)
+        raise
+    del out
+    tmp.replace(path)
+    most = max(1, max(len(t) for t in targets))
+    y = np.full((len(targets), most, 5), -1.0, dtype=np.float32)
+    for i, t in enumerate(targets):
+        y[i, :len(t)] = t
+    return {"y": y}
+
+
+def loader(side: int):
+    """The pool loader at one letterbox side."""
+
+    def load(root: Path, download: bool) -> Pool:
+        """VisDrone train then test-dev; images mapped from the cache, built once (under a
+        lock, so processes starting together wait for one builder)."""
+        check(root)
+        pairs = image_files(root)
+        num_train = sum(1 for image, _ in pairs if image.parent.parent.name == SPLITS[0])
+        ident = files_identity([p for pair in pairs for p in pair],
+                               {"side": side, "pad": PAD_VALUE, "classes": "raw 0-11"})
+        x_path = cache_dir() / "iot" / f"{NAME}-{ident}-x.npy"
+        built: dict[str, np.ndarray] = {}
+        with exclusive(x_path):
+            if not x_path.is_file():
+                built = _build_images(pairs, side, x_path)
+            meta = cached_arrays(NAME, ident, lambda: built or _build_images(pairs, side, x_path))
+        x = np.load(x_path, mmap_mode="c")  # copy-on-write: writable for torch, never written
+        if len(x) != len(meta["y"]):
+            raise ConfigError(f"dataset {NAME}: cached {x_path} holds {len(x)} images, expected "
+                              f"{len(meta['y'])}; delete it to rebuild")
+        return Pool(torch.from_numpy(x), torch.from_numpy(meta["y"]), num_train, NUM_CLASSES,
+                    task="detection", normalization="unit", source=ident,
+                    cache_id=f"{NAME}-{side}-{ident}")
+
+    return load
+
+
+for _name, _side in (("visdrone", 640), ("visdrone-320", 320)):
+    DATASETS[_name] = DatasetInfo(NUM_CLASSES, (3, _side, _side), task="detection",
+                                  normalization="unit", loader=loader(_side), check=check)
