@@ -144,6 +144,22 @@ def is_complete(run_dir: Path) -> bool:
 Runner = Callable[[str, list[str], int, Path], str]
 
 
+def split_cells(pieces: Sequence[str], labels: Sequence[str]) -> list[str]:
+    """Cell labels from `--cells` pieces split at commas: a label of several axes holds commas
+    itself (`data.target-emd=1.4,variant=fedavg`), so consecutive pieces are joined until they
+    form a label of the grid; pieces that never do are returned as they are (reported as
+    unknown)."""
+    known, out, current = set(labels), [], ""
+    for piece in pieces:
+        current = f"{current},{piece}" if current else piece
+        if current in known:
+            out.append(current)
+            current = ""
+    if current:
+        out.extend(current.split(","))
+    return out
+
+
 def run_grid(grid: Grid, overrides: Sequence[str], out_root: Path, runner: Runner,
              log: Callable[[str], None] = print, only: Sequence[str] = (), jobs: int = 1,
              on_interrupt: Callable[[], None] = lambda: None,
@@ -157,6 +173,7 @@ def run_grid(grid: Grid, overrides: Sequence[str], out_root: Path, runner: Runne
     if jobs < 1:
         raise ConfigError(f"--jobs {jobs}: must be at least 1")
     labels = [cell_label(c) for c in grid.cells()]
+    only = split_cells(only, labels)
     unknown = sorted(set(only) - set(labels))
     if unknown:
         raise ConfigError(f"--cells {','.join(unknown)}: not a cell of grid {grid.name}; cells: "

@@ -17,6 +17,7 @@ from simulations.reproduce import (
     load_grid,
     mean_std,
     run_grid,
+    split_cells,
     table,
 )
 
@@ -219,6 +220,14 @@ def test_only_runs_the_named_cells_and_rejects_unknown_ones(tmp_path):
     assert sorted(c[2] for c in runner.calls) == ["fedreb-s0", "fedreb-s1"]
     with pytest.raises(ConfigError, match="--cells fedrob: not a cell of grid g; cells: fedavg"):
         run_grid(GRID, [], tmp_path, runner, log=lambda s: None, only=["fedrob"])
+
+
+def test_cells_of_several_axes_are_named_through_their_commas():
+    labels = ["a=1,b=x", "a=1,b=y", "a=2,b=x"]
+    # the CLI splits --cells at commas; the pieces join back into the grid's labels
+    assert split_cells(["a=1", "b=y", "a=2", "b=x"], labels) == ["a=1,b=y", "a=2,b=x"]
+    assert split_cells(["fedavg", "fedreb"], ["fedavg", "fedreb"]) == ["fedavg", "fedreb"]
+    assert split_cells(["a=1", "b=z"], labels) == ["a=1", "b=z"]  # reported unknown
 
 
 def test_cells_with_brackets_in_their_values_are_collected(tmp_path):
