@@ -6,6 +6,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
+import os
 import shutil
 import urllib.request
 import zipfile
@@ -87,3 +88,21 @@ def exclusive(path: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def write_memmap(path: Path, dtype: type, shape: tuple[int, ...],
+                 fill: Callable[[np.ndarray], None]) -> None:
+    """A .npy file at `path` written through a memory map by `fill(array)`, atomically: under a
+    temporary name first (removed if `fill` fails), so a half-written file is never read."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp.npy")
+    out = np.lib.format.open_memmap(tmp, mode="w+", dtype=dtype, shape=shape)
+    try:
+        fill(out)
+        out.flush()
+    except BaseException:
+        del out
+        tmp.unlink(missing_ok=True)
+        raise
+    del out
+    tmp.replace(path)

@@ -21,7 +21,6 @@ float16 `.npy` in the cache and mapped back, so a process reads only the samples
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +28,13 @@ import pandas as pd
 import torch
 
 from fedapps.data.datasets import DATASETS, DatasetInfo, Pool, cache_dir
-from fedapps.data.iot.common import cached_arrays, exclusive, files_identity, require
+from fedapps.data.iot.common import (
+    cached_arrays,
+    exclusive,
+    files_identity,
+    require,
+    write_memmap,
+)
 from fedapps.errors import ConfigError
 
 NAME = "epic-sounds"
@@ -195,19 +200,8 @@ def _build_x(root: Path, path: Path, train: pd.DataFrame, test: pd.DataFrame) ->
     videos = np.concatenate([t["video_id"].to_numpy(str)[w[0]] for t, w in parts])
     first = np.concatenate([w[1] for _, w in parts])
     count = np.concatenate([w[2] for _, w in parts])
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp.npy")
-    out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float16,
-                                    shape=(len(first), 1, FRAMES, N_MELS))
-    try:
-        write_features(root / FOLDER / AUDIO, videos, first, count, out)
-        out.flush()
-    except BaseException:
-        del out
-        tmp.unlink(missing_ok=True)
-        raise
-    del out
-    tmp.replace(path)
+    write_memmap(path, np.float16, (len(first), 1, FRAMES, N_MELS),
+                 lambda out: write_features(root / FOLDER / AUDIO, videos, first, count, out))
 
 
 def _targets(train: pd.DataFrame, test: pd.DataFrame) -> dict[str, np.ndarray]:

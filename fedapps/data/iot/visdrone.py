@@ -19,7 +19,6 @@ image. Boxes of zero width or height after clipping to the image are dropped.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +26,13 @@ import torch
 from PIL import Image
 
 from fedapps.data.datasets import DATASETS, DatasetInfo, Pool, cache_dir
-from fedapps.data.iot.common import cached_arrays, exclusive, files_identity, require
+from fedapps.data.iot.common import (
+    cached_arrays,
+    exclusive,
+    files_identity,
+    require,
+    write_memmap,
+)
 from fedapps.errors import ConfigError
 
 NAME = "visdrone"
@@ -115,23 +120,16 @@ def _build_images(pairs: list[tuple[Path, Path]], side: int, path: Path
                   ) -> dict[str, np.ndarray]:
     """Write every letterboxed image to `path` (a .npy memory map, atomically); return the
     padded targets."""
-    tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp.npy")
-    out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.uint8,
-                                    shape=(len(pairs), 3, side, side))
-    targets = []
-    try:
+    targets: list[np.ndarray] = []
+
+    def fill(out: np.ndarray) -> None:
         for i, (image_path, note) in enumerate(pairs):
             with Image.open(image_path) as image:
                 out[i], scale, left, top = letterbox(image, side)
                 targets.append(target_rows(read_boxes(note), image.size, scale, left, top,
                                            side))
-        out.flush()
-    except BaseException:
-        del out
-        tmp.unlink(missing_ok=True)
-        raise
-    del out
-    tmp.replace(path)
+
+    write_memmap(path, np.uint8, (len(pairs), 3, side, side), fill)
     most = max(1, max(len(t) for t in targets))
     y = np.full((len(targets), most, 5), -1.0, dtype=np.float32)
     for i, t in enumerate(targets):
