@@ -48,7 +48,8 @@ def partition_report(experiment: str, overrides: list[str]) -> dict[str, Any]:
     """The partition of a validated config, built (or read from the cache) without training:
     the parameters it ran with (a target EMD's solved ones), sizes, class counts and EMDs. For
     regression data the "classes" are the equal-frequency target bins (data.fedaiot.bins) of
-    the partitioned samples, the pseudo-classes fedaiot-quantiles deals out."""
+    the partitioned samples, the pseudo-classes fedaiot-quantiles deals out; for detection data
+    they are the clients' ground-truth boxes per class."""
     from fedapps.data import federated_data
     from fedapps.data.fedaiot_partition import quantile_bins
     from fedapps.data.partition import class_counts, client_emd, emd
@@ -56,10 +57,15 @@ def partition_report(experiment: str, overrides: list[str]) -> dict[str, Any]:
     cfg = app_cli._resolve(experiment, overrides)
     fd = federated_data(cfg)
     grouping = "classes"
-    if fd.pool.labels() is None:
+    parts = [np.concatenate([a, b]) for a, b in zip(fd.train_idx, fd.test_idx, strict=True)]
+    if fd.pool.task == "detection":
+        boxes = fd.pool.y[..., 0].long().numpy()  # class per box row, -1 = padding
+        counts = np.stack([np.bincount(boxes[p][boxes[p] >= 0], minlength=fd.pool.num_classes)
+                           for p in parts])
+        grouping = "box classes"
+    elif fd.pool.labels() is None:
         bins = int(cfg.data.fedaiot.bins)
         n = len(fd.pool) if fd.key["pool"] == "merged" else fd.pool.num_train
-        parts = [np.concatenate([a, b]) for a, b in zip(fd.train_idx, fd.test_idx, strict=True)]
         counts = class_counts(parts, quantile_bins(fd.pool.y[:n].numpy(), bins), bins)
         grouping = "target bins"
     else:
@@ -68,7 +74,7 @@ def partition_report(experiment: str, overrides: list[str]) -> dict[str, Any]:
         "experiment": experiment, "dataset": str(cfg.dataset),
         "partitioner": fd.key["partitioner"], "params": fd.key["params"], "seed": int(cfg.seed),
         "num_clients": fd.num_clients, "num_classes": int(counts.shape[1]), "grouping": grouping,
-        "sizes": counts.sum(axis=1).tolist(),
+        "sizes": [len(p) for p in parts],  # samples (images); counts may be boxes
         "train_sizes": [len(t) for t in fd.train_idx], "test_sizes": [len(t) for t in fd.test_idx],
         "class_counts": counts.tolist(),
         "client_emd": [round(float(v), 6) for v in client_emd(counts)],

@@ -193,6 +193,20 @@ def test_yolov8n_loss_reads_the_boxes_and_reaches_every_layer(root):
     assert summed.item() == pytest.approx(6 * task.loss(out, y).item(), rel=1e-5)
 
 
+def test_partition_report_counts_boxes_per_class(root, monkeypatch):
+    from simulations.cli import partition_report
+
+    monkeypatch.setenv("FEDAPPS_DATA_ROOT", str(root))
+    report = partition_report("fedaiot-visdrone", [
+        "dataset=visdrone-320", "data.partitioner=iid", "federation.num-clients=2",
+        "federation.clients-per-round=2"])
+    boxes = np.array(report["class_counts"])
+    train = IMAGES["VisDrone2019-DET-train"]
+    want = np.bincount([c for _, _, bs in train for *_, w, h, c in bs if w and h], minlength=12)
+    assert report["grouping"] == "box classes" and report["sizes"] == [3, 3]
+    assert boxes.sum(axis=0).tolist() == want.tolist()  # every train box, once
+
+
 def test_config_refuses_detector_mismatches(root):
     from fedapps.validation import resolve_config
 
