@@ -12,6 +12,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from fedapps import data as fdata
+from fedapps import yolo
 from fedapps.config import load_config
 from fedapps.data.partition import cluster_weights_needed
 from fedapps.errors import ConfigError
@@ -150,6 +151,8 @@ def validate(cfg: DictConfig, check_data: bool = True) -> None:
     _require((model in DETECTION_MODELS) == (task == "detection"), "model.name", model,
              f"{dataset} is a detection dataset: use {', '.join(DETECTION_MODELS)}"
              if task == "detection" else f"is a detector; {dataset} is {task}")
+    _require(model not in DETECTION_MODELS or yolo.ultralytics_installed(), "model.name", model,
+             f"needs Ultralytics: {yolo.INSTALL}")
     vocab = fdata.DATASETS[dataset].vocab_size
     _require((model in TOKEN_MODELS) == (vocab is not None), "model.name", model,
              f"{dataset} gives token ids (vocabulary {vocab}): use {', '.join(TOKEN_MODELS)}"

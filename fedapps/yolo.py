@@ -15,6 +15,7 @@ task here, so train.lr means the same across tasks (x batch size for the referen
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -46,14 +47,21 @@ class DetectorOutput:
         return DetectorOutput(self.raw, decoded, self.criterion, self.image_side)
 
 
+INSTALL = "pip install -e \".[detection]\" (or pip install 'ultralytics>=8.3,<9')"
+
+
+def ultralytics_installed() -> bool:
+    """Whether Ultralytics can be imported here (checked before a run starts)."""
+    return importlib.util.find_spec("ultralytics") is not None
+
+
 def _ultralytics() -> Any:
     try:
         os.environ.setdefault("YOLO_VERBOSE", "False")
         from ultralytics.nn import tasks
         from ultralytics.utils import loss
     except ImportError:
-        raise ConfigError("model.name=yolov8n needs Ultralytics: pip install -e "
-                          "\".[detection]\" (or pip install 'ultralytics>=8.3,<9')") from None
+        raise ConfigError(f"model.name=yolov8n needs Ultralytics: {INSTALL}") from None
     return tasks, loss
 
 

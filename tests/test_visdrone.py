@@ -207,7 +207,8 @@ def test_partition_report_counts_boxes_per_class(root, monkeypatch):
     assert boxes.sum(axis=0).tolist() == want.tolist()  # every train box, once
 
 
-def test_config_refuses_detector_mismatches(root):
+def test_config_refuses_detector_mismatches(root, monkeypatch):
+    from fedapps import yolo
     from fedapps.validation import resolve_config
 
     raw = "data.fedaiot.cluster-features=raw"  # vgg19 (the preset's) needs the weights file
@@ -218,6 +219,10 @@ def test_config_refuses_detector_mismatches(root):
         resolve_config("quickstart", ["model.name=yolov8n"], check_data=False)
     with pytest.raises(ConfigError, match="detection"):
         resolve_config("fedaiot-visdrone", [raw, "algorithm=fedrod"], check_data=False)
+    with monkeypatch.context() as m:  # a machine without the `detection` extra
+        m.setattr(yolo, "ultralytics_installed", lambda: False)
+        with pytest.raises(ConfigError, match="'yolov8n': needs Ultralytics: pip install"):
+            resolve_config("fedaiot-visdrone", [raw], check_data=False)
     for transform, why in (("label-noise", "needs a classification dataset"),
                            ("crop-flip", "not the boxes")):
         with pytest.raises(ConfigError, match=why):
