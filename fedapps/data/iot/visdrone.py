@@ -19,6 +19,7 @@ image. Boxes of zero width or height after clipping to the image are dropped.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -137,7 +138,7 @@ def _build_images(pairs: list[tuple[Path, Path]], side: int, path: Path
     return {"y": y}
 
 
-def loader(side: int):
+def loader(side: int) -> Callable[[Path, bool], Pool]:
     """The pool loader at one letterbox side."""
 
     def load(root: Path, download: bool) -> Pool:
