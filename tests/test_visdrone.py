@@ -69,6 +69,29 @@ def test_cached_images_are_mapped_and_a_changed_annotation_rebuilds(root):
     assert changed.source != first.source and changed.y[first.num_train, 0, 0] == 7
 
 
+def test_download_unpacks_both_archive_shapes_into_the_layout(tmp_path, monkeypatch):
+    import zipfile
+
+    monkeypatch.setenv("FEDAPPS_CACHE", str(tmp_path / "cache"))
+    source = write_fixture(tmp_path / "source")
+    archives = {}
+    for split, top in (("VisDrone2019-DET-train", True), ("VisDrone2019-DET-test-dev", False)):
+        archive = tmp_path / f"{split}.zip"  # train with its top folder, test-dev without
+        with zipfile.ZipFile(archive, "w") as z:
+            for f in (source / split).rglob("*.*"):
+                z.write(f, f.relative_to(source if top else source / split))
+        archives[visdrone.DRIVE_IDS[split]] = archive.as_uri()
+    monkeypatch.setattr(visdrone, "google_drive_url", archives.__getitem__)
+    root = tmp_path / "root"
+    check_available("visdrone-320", root, True)  # with download the loader fetches first
+    pool = load_pool("visdrone-320", root, download=True)
+    assert pool.num_train == len(IMAGES["VisDrone2019-DET-train"]) and len(pool) == 8
+    assert sorted(p.name for p in (root / "visdrone").iterdir()) == [
+        "VisDrone2019-DET-test-dev", "VisDrone2019-DET-train", "download.lock"]
+    monkeypatch.setattr(visdrone, "google_drive_url", lambda file_id: 1 / 0)
+    load_pool("visdrone-320", root, download=True)  # present: nothing fetched again
+
+
 def test_missing_data_and_bad_annotations_are_one_line_errors(tmp_path, monkeypatch):
     with pytest.raises(ConfigError) as err:
         check_available("visdrone", tmp_path, False)

@@ -19,6 +19,7 @@ image. Boxes of zero width or height after clipping to the image are dropped.
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -29,8 +30,10 @@ from PIL import Image
 from fedapps.data.datasets import DATASETS, DatasetInfo, Pool, cache_dir
 from fedapps.data.iot.common import (
     cached_arrays,
+    download_zip,
     exclusive,
     files_identity,
+    google_drive_url,
     require,
     write_memmap,
 )
@@ -43,13 +46,37 @@ NUM_CLASSES = 12
 PAD_VALUE = 114
 LAYOUT = (f"{FOLDER}/{{VisDrone2019-DET-train,VisDrone2019-DET-test-dev}}/"
           "{images/*.jpg,annotations/*.txt}")
+# the reference's datasets/visdrone/download.py fetches these Google Drive files
+DRIVE_IDS = {"VisDrone2019-DET-train": "1i8iZ-zYBgWwzX9355HIYrWM1uKeqWW0S",
+             "VisDrone2019-DET-test-dev": "1nTC4cqNqT_IJ7EIH28i9YTVGNFq5WgqL"}
 WHERE = ("the VisDrone2019-DET train and test-dev archives (github.com/VisDrone/VisDrone-Dataset, "
-         "CC BY-NC-SA 3.0), unpacked as they come")
+         "CC BY-NC-SA 3.0), unpacked as they come; data.download=true fetches them")
 
 
 def check(root: Path) -> None:
     require(NAME, root, [f"{FOLDER}/{s}/{d}" for s in SPLITS for d in ("images", "annotations")],
             LAYOUT, WHERE)
+
+
+def _download(root: Path) -> None:
+    """Fetch and unpack each split that is missing (data.download=true). The folder holding
+    `images/` and `annotations/` is moved to the layout wherever the archive put it (the
+    train archive has a top folder; the reference unpacks test-dev as if it had none)."""
+    for split, file_id in DRIVE_IDS.items():
+        dest = root / FOLDER / split
+        if (dest / "images").is_dir() and (dest / "annotations").is_dir():
+            continue
+        staging = root / FOLDER / f".{split}.download"
+        shutil.rmtree(staging, ignore_errors=True)
+        download_zip(google_drive_url(file_id), staging, f"{split}.zip")
+        (staging / f"{split}.zip").unlink()
+        found = [p.parent for p in staging.rglob("images") if (p.parent / "annotations").is_dir()]
+        if len(found) != 1:
+            raise ConfigError(f"dataset {NAME}: the {split} archive holds {len(found)} folders "
+                              "with images/ and annotations/, expected one")
+        shutil.rmtree(dest, ignore_errors=True)
+        shutil.move(str(found[0]), dest)
+        shutil.rmtree(staging, ignore_errors=True)  # gone already when it was the folder
 
 
 def image_files(root: Path) -> list[tuple[Path, Path]]:
@@ -143,7 +170,11 @@ def loader(side: int) -> Callable[[Path, bool], Pool]:
 
     def load(root: Path, download: bool) -> Pool:
         """VisDrone train then test-dev; images mapped from the cache, built once (under a
-        lock, so processes starting together wait for one builder)."""
+        lock, so processes starting together wait for one builder); downloaded first when
+        allowed and missing."""
+        if download:
+            with exclusive(root / FOLDER / "download"):
+                _download(root)
         check(root)
         pairs = image_files(root)
         num_train = sum(1 for image, _ in pairs if image.parent.parent.name == SPLITS[0])
@@ -168,4 +199,5 @@ def loader(side: int) -> Callable[[Path, bool], Pool]:
 
 for _name, _side in (("visdrone", 640), ("visdrone-320", 320)):
     DATASETS[_name] = DatasetInfo(NUM_CLASSES, (3, _side, _side), task="detection",
-                                  normalization="unit", loader=loader(_side), check=check)
+                                  normalization="unit", loader=loader(_side), check=check,
+                                  downloadable=True)
