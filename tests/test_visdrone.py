@@ -20,7 +20,6 @@ from fedapps.errors import ConfigError
 from fedapps.tasks import TASKS
 from tests.visdrone_fixture import IMAGES, write_fixture
 
-ultralytics = pytest.importorskip("ultralytics", reason="the `detection` extra (dev installs it)")
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -106,7 +105,12 @@ def test_missing_data_and_bad_annotations_are_one_line_errors(tmp_path, monkeypa
         visdrone.loader(320)(tmp_path, False)
 
 
+def needs_ultralytics() -> None:
+    pytest.importorskip("ultralytics", reason="the `detection` extra (dev installs it)")
+
+
 def test_map50_from_histograms_equals_ultralytics_ap_per_class():
+    needs_ultralytics()
     from ultralytics.utils.metrics import ap_per_class
 
     rng = np.random.default_rng(0)
@@ -183,6 +187,7 @@ def test_histograms_add_over_clients_and_tampering_is_refused():
 
 
 def test_yolov8n_loss_reads_the_boxes_and_reaches_every_layer(root):
+    needs_ultralytics()
     from fedapps.yolo import yolov8n
 
     pool = visdrone.loader(64)(root, False)
@@ -231,6 +236,7 @@ def test_partition_report_counts_boxes_per_class(root, monkeypatch):
 
 
 def test_config_refuses_detector_mismatches(root, monkeypatch):
+    needs_ultralytics()  # validation refuses yolov8n without it (checked below)
     from fedapps import yolo
     from fedapps.validation import resolve_config
 
@@ -257,6 +263,7 @@ def test_federated_yolov8n_run_scores_map50_on_the_official_test_split(root, tmp
     """FedOPT (FedAvg's clients, the server's Adam on the pseudo-gradient) over two clients:
     a real Flower simulation of the preset at 320 pixels; the server's official-test mAP-50
     is recorded every round."""
+    needs_ultralytics()
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "simulations.cli", "run", "fedaiot-visdrone",
            "--set", "dataset=visdrone-320", "--set", "rounds=2",
