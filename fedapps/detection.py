@@ -67,12 +67,14 @@ def true_positives(dets: torch.Tensor, gt_boxes: torch.Tensor, gt_cls: torch.Ten
     gt_i, det_i = torch.nonzero(overlap >= iou, as_tuple=True)
     if not len(gt_i):
         return tp
-    order = torch.argsort(overlap[gt_i, det_i], descending=True, stable=True).tolist()
+    order = torch.argsort(overlap[gt_i, det_i], descending=True, stable=True)
     used_gt: set[int] = set()
+    matched: set[int] = set()
     for g, d in zip(gt_i[order].tolist(), det_i[order].tolist(), strict=True):
-        if g not in used_gt and not tp[d]:
+        if g not in used_gt and d not in matched:
             used_gt.add(g)
-            tp[d] = True
+            matched.add(d)
+    tp[sorted(matched)] = True
     return tp
 
 
@@ -95,15 +97,14 @@ def histogram(dets_per_image: list[torch.Tensor], target: torch.Tensor, image_si
     tp_all = torch.cat(hits) if hits else torch.zeros(0, dtype=torch.bool, device=dev)
     detected = torch.bincount(idx, minlength=c * BINS)
     matched = torch.bincount(idx[tp_all], minlength=c * BINS)
-    return torch.cat([gt_per_class.to(dev), detected.to(dev), matched.to(dev)])
+    return torch.cat([gt_per_class, detected, matched])
 
 
-def split_histogram(h: np.ndarray, num_classes: int | None = None
-                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(gt [C], detected [C, BINS], matched [C, BINS]) of a histogram vector; C from its size
-    when not given. A vector of another size is a ValueError."""
+def split_histogram(h: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(gt [C], detected [C, BINS], matched [C, BINS]) of a histogram vector, C from its size;
+    a vector of another size is a ValueError."""
     h = np.asarray(h)
-    c = num_classes if num_classes is not None else len(h) // (1 + 2 * BINS)
+    c = len(h) // (1 + 2 * BINS)
     if c < 1 or len(h) != c * (1 + 2 * BINS):
         raise ValueError(f"detection histogram of {len(h)} counts: not C (1 + 2 x {BINS})")
     return h[:c], h[c:c + c * BINS].reshape(c, BINS), h[c + c * BINS:].reshape(c, BINS)

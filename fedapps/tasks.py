@@ -20,6 +20,8 @@ import torch
 from torch.nn import functional as F
 
 Sums = dict[str, int | float]
+
+
 def client_percentiles(values: Sequence[float], prefix: str) -> dict[str, float]:
     """p10/p50/p90/std of per-client scores: how unevenly the federation is served."""
     if not values:

@@ -77,11 +77,6 @@ class YoloV8(nn.Module):
         self._criterion: Any = None
         self._criterion_device: torch.device | None = None
 
-    @property
-    def image_stride(self) -> int:
-        """Input sides must be multiples of this (the deepest feature map's stride)."""
-        return int(self.net.stride.max())
-
     def criterion(self) -> Any:
         """The detection loss bound to this model, rebuilt when the model changes device."""
         device = next(self.parameters()).device

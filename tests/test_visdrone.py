@@ -178,11 +178,18 @@ def test_histograms_add_over_clients_and_tampering_is_refused():
     assert task.check_sums(4, metrics) is None
     pooled = task.reduce([(2, metrics), (2, metrics)])
     assert pooled["global_map50"] == pytest.approx(map50(2 * whole.numpy()))
-    bad = np.frombuffer(metrics["detection-global"], dtype="<i8").copy()
-    bad[:12] = 0  # true positives without any ground-truth box
-    if bad[12 + 12 * BINS:].sum():
-        assert "ground-truth" in task.check_sums(4, {**metrics,
-                                                     "detection-global": bad.tobytes()})
+    h = np.zeros(12 * (1 + 2 * BINS), dtype="<i8")
+    det, tp = 12 + 3 * BINS + 900, 12 + 12 * BINS + 3 * BINS + 900  # class 3, bin 900
+    h[det] = h[tp] = 1  # a true positive of class 3 ...
+    assert "more true positives than ground-truth" in task.check_sums(
+        4, {**metrics, "detection-global": h.tobytes()})  # ... without a class-3 box
+    h[3] = 1
+    assert task.check_sums(4, {**metrics, "detection-global": h.tobytes()}) is None
+    h[tp] = 2
+    assert "more true positives than detections" in task.check_sums(
+        4, {**metrics, "detection-global": h.tobytes()})
+    h[tp] = -1
+    assert "negative" in task.check_sums(4, {**metrics, "detection-global": h.tobytes()})
     assert "lack" in task.check_sums(4, {"detection-global": b"123"})
 
 
@@ -280,3 +287,16 @@ def test_federated_yolov8n_run_scores_map50_on_the_official_test_split(root, tmp
     assert len(maps) == 2 and all(m is not None and 0 <= m <= 1 for m in maps)
     assert doc["summary"]["metric"] == "map50"
     assert "official test best map50 " in done.stdout + done.stderr
+    # the recorded round-2 scores are the saved global model's, scored again here
+    from fedapps import checkpoint
+    from fedapps.data import federated_data
+    from fedapps.server_app import official_test_eval
+    from fedapps.validation import resolve_config
+
+    cfg = resolve_config("fedaiot-visdrone", [c for c in cmd[cmd.index("--set"):]
+                                              if c != "--set"] + [f"data.data-root={root}"])
+    again = official_test_eval(cfg, federated_data(cfg))(
+        checkpoint.load(out / "fedopt").global_arrays)
+    last = doc["rounds"][-1]
+    assert again["official_test_map50"] == pytest.approx(last["official_test_map50"], abs=1e-12)
+    assert again["official_test_loss"] == pytest.approx(last["official_test_loss"], rel=1e-6)

@@ -115,20 +115,17 @@ def read_boxes(path: Path) -> np.ndarray:
     return np.array(rows, dtype=np.float64).reshape(-1, 5)
 
 
-def letterbox(image: Image.Image, side: int) -> tuple[np.ndarray, float, float, float]:
-    """uint8 [3, side, side] and (scale, left pad, top pad) mapping raw pixels to it."""
-    w, h = image.size
-    scale = side / max(w, h)
-    nw, nh = max(1, round(w * scale)), max(1, round(h * scale))
-    left, top = (side - nw) // 2, (side - nh) // 2
+def letterbox(image: Image.Image, side: int) -> np.ndarray:
+    """uint8 [3, side, side]: the image scaled to fit, centred on grey (`placement`)."""
+    _, nw, nh, left, top = placement(image.size, side)
     canvas = np.full((side, side, 3), PAD_VALUE, dtype=np.uint8)
     canvas[top:top + nh, left:left + nw] = np.asarray(
         image.convert("RGB").resize((nw, nh), Image.BILINEAR))
-    return canvas.transpose(2, 0, 1), scale, float(left), float(top)
+    return canvas.transpose(2, 0, 1)
 
 
-def target_rows(boxes: np.ndarray, size: tuple[int, int], scale: float, left: float,
-                top: float, side: int) -> np.ndarray:
+def target_rows(boxes: np.ndarray, size: tuple[int, int], scale: float, left: int, top: int,
+                side: int) -> np.ndarray:
     """[n, 5] (class, cx, cy, w, h) as fractions of the letterboxed side; boxes clipped to
     the image first, empty ones dropped."""
     w, h = size
@@ -144,20 +141,32 @@ def target_rows(boxes: np.ndarray, size: tuple[int, int], scale: float, left: fl
                      (y2 - y1) * scale / side], axis=1)
 
 
-def _build_images(pairs: list[tuple[Path, Path]], side: int, path: Path
-                  ) -> dict[str, np.ndarray]:
-    """Write every letterboxed image to `path` (a .npy memory map, atomically); return the
-    padded targets."""
-    targets: list[np.ndarray] = []
+def placement(size: tuple[int, int], side: int) -> tuple[float, int, int, int, int]:
+    """(scale, width, height, left pad, top pad) of an image of `size` letterboxed to `side`."""
+    w, h = size
+    scale = side / max(w, h)
+    nw, nh = max(1, round(w * scale)), max(1, round(h * scale))
+    return scale, nw, nh, (side - nw) // 2, (side - nh) // 2
+
+
+def _build_images(pairs: list[tuple[Path, Path]], side: int, path: Path) -> None:
+    """Write every letterboxed image to `path` (a .npy memory map, atomically)."""
 
     def fill(out: np.ndarray) -> None:
-        for i, (image_path, note) in enumerate(pairs):
+        for i, (image_path, _) in enumerate(pairs):
             with Image.open(image_path) as image:
-                out[i], scale, left, top = letterbox(image, side)
-                targets.append(target_rows(read_boxes(note), image.size, scale, left, top,
-                                           side))
+                out[i] = letterbox(image, side)
 
     write_memmap(path, np.uint8, (len(pairs), 3, side, side), fill)
+
+
+def _targets(pairs: list[tuple[Path, Path]], side: int) -> dict[str, np.ndarray]:
+    """The padded box targets (image sizes come from the file headers, no decoding)."""
+    targets = []
+    for image_path, note in pairs:
+        with Image.open(image_path) as image:
+            scale, _, _, left, top = placement(image.size, side)
+            targets.append(target_rows(read_boxes(note), image.size, scale, left, top, side))
     most = max(1, max(len(t) for t in targets))
     y = np.full((len(targets), most, 5), -1.0, dtype=np.float32)
     for i, t in enumerate(targets):
@@ -181,11 +190,10 @@ def loader(side: int) -> Callable[[Path, bool], Pool]:
         ident = files_identity([p for pair in pairs for p in pair],
                                {"side": side, "pad": PAD_VALUE, "classes": "raw 0-11"})
         x_path = cache_dir() / "iot" / f"{NAME}-{ident}-x.npy"
-        built: dict[str, np.ndarray] = {}
         with exclusive(x_path):
             if not x_path.is_file():
-                built = _build_images(pairs, side, x_path)
-            meta = cached_arrays(NAME, ident, lambda: built or _build_images(pairs, side, x_path))
+                _build_images(pairs, side, x_path)
+            meta = cached_arrays(NAME, ident, lambda: _targets(pairs, side))
         x = np.load(x_path, mmap_mode="c")  # copy-on-write: writable for torch, never written
         if len(x) != len(meta["y"]):
             raise ConfigError(f"dataset {NAME}: cached {x_path} holds {len(x)} images, expected "
