@@ -6,7 +6,9 @@ with one long-running ClientApp process per SuperNode (`deploy-local`). While a 
 runs, every SuperNode's process tree (SuperNode, Flower's SuperExec and ClientApp processes, or
 the warm ClientApp process) is sampled from /proc: peak resident memory (RSS, and PSS, which
 splits pages shared between processes) of the tree and of its largest ClientApp process. A
-fresh interpreter also times what each cold message pays before training (imports + data).
+fresh interpreter also times what each cold message pays before training (imports + data) and
+one fit, with the peak RSS after each stage; `--python` runs that probe under another
+environment's interpreter (the lean node install of deploy/README.md).
 
     FEDAPPS_DATA_ROOT=../shared/data python -m simulations.deploy_benchmark --out DIR
 """
@@ -30,20 +32,40 @@ from fedapps.processes import child_map
 CLIENTAPP_MARKERS = ("flwr-clientapp", "fedapps.warm_clientapp")
 STARTUP_PROBE = """
 import json, sys, time
+
+def peak_mb():
+    line = next(l for l in open("/proc/self/status") if l.startswith("VmHWM"))
+    return int(line.split()[1]) // 1024
+
 t0 = time.perf_counter()
+import torch
+torch_mb = peak_mb()
 import fedapps.client_app
 t1 = time.perf_counter()
+app_mb = peak_mb()
+from flwr.common import Context, FitIns, GetParametersIns, RecordDict
 from fedapps.validation import resolve_config
 from fedapps.data import federated_data
-cfg = resolve_config(sys.argv[1], sys.argv[2:])
+experiment, sets = sys.argv[1], sys.argv[2:]
+cfg = resolve_config(experiment, sets)
 federated_data(cfg).client(0)
 t2 = time.perf_counter()
 federated_data(cfg).client(0)
 t3 = time.perf_counter()
-mem = {l.split(":")[0]: int(l.split()[1]) // 1024 for l in open("/proc/self/status")
-       if l.startswith(("VmRSS", "VmHWM"))}
-print(json.dumps({"imports_s": round(t1 - t0, 2), "data_s": round(t2 - t1, 2),
-                  "again_s": round(t3 - t2, 4), "peak_rss_mb": mem["VmHWM"]}))
+data_mb = peak_mb()
+n = int(cfg.federation["num-clients"])
+context = Context(run_id=0, node_id=0, node_config={"partition-id": 0, "num-partitions": n},
+                  state=RecordDict(), run_config={"experiment": experiment,
+                                                  "overrides": " ".join(sets)})
+client = fedapps.client_app.client_fn(context)
+params = client.get_parameters(GetParametersIns({})).parameters
+t4 = time.perf_counter()
+client.fit(FitIns(params, {"server-round": 1}))
+t5 = time.perf_counter()
+print(json.dumps({"torch": torch.__version__, "imports_s": round(t1 - t0, 2),
+                  "data_s": round(t2 - t1, 2), "again_s": round(t3 - t2, 4),
+                  "fit_s": round(t5 - t4, 2), "torch_rss_mb": torch_mb, "app_rss_mb": app_mb,
+                  "peak_rss_mb": data_mb, "fit_peak_rss_mb": peak_mb()}))
 """
 
 
@@ -110,11 +132,15 @@ def round_stats(run_dir: Path) -> dict:
     }
 
 
-def startup_probe(experiment: str, sets: list[str]) -> dict:
+def startup_probe(experiment: str, sets: list[str], python: str = sys.executable) -> dict:
     """What a fresh interpreter pays before a message's training (imports, then partition 0's
-    data), the same data again in that process, and its peak RSS."""
-    out = subprocess.run([sys.executable, "-c", STARTUP_PROBE, experiment, *sets],
-                         capture_output=True, text=True, check=True)
+    data), the same data again in that process, one fit of partition 0, and the peak RSS after
+    `import torch`, the app's imports, the data and the fit. `python` may be another
+    environment's interpreter (an edge install, e.g. a CPU-only torch) with fedapps in it."""
+    out = subprocess.run([python, "-c", STARTUP_PROBE, experiment, *sets],
+                         capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"the probe failed under {python}:\n{out.stderr[-2000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -128,6 +154,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="which runs (the code before the warm ClientApp has only the first two)")
     p.add_argument("--probe-only", action="store_true",
                    help="only the fresh-interpreter probe (runs with the fedapps on PYTHONPATH)")
+    p.add_argument("--python", default=sys.executable,
+                   help="interpreter of the probe: another environment's (e.g. a CPU-only "
+                        "torch edge install, docs/DEPLOYMENT.md) to measure its footprint")
     args = p.parse_args(argv)
     modes = args.modes.split(",")
     sets = args.overrides or ["rounds=3", "eval.fraction=0.25"]  # 5 of 20 clients evaluate
@@ -136,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     quiet = lambda line: False  # noqa: E731
     report: dict = {"experiment": args.experiment, "overrides": sets, "clients": n}
-    report["startup_probe"] = startup_probe(args.experiment, sets)
+    report["startup_probe"] = startup_probe(args.experiment, sets, args.python)
     if args.probe_only:
         print(json.dumps(report["startup_probe"]))
         return 0

@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from fedapps.data.idx import read_idx_split
 from fedapps.errors import ConfigError
 
 TASKS = ("classification", "regression", "detection")
@@ -400,7 +401,21 @@ def _digits() -> tuple[np.ndarray, np.ndarray]:
     return x, bunch.target.astype(np.int64)
 
 
+def _idx_arrays(name: str, root: Path) -> tuple[np.ndarray, np.ndarray] | None:
+    """MNIST-family train + test read from their unpacked IDX files without torchvision (the
+    same arrays); None for other datasets or when the files are not there (download)."""
+    files = DATASETS[name].raw_files
+    raw = _raw_dir(name, root)
+    if len(files) != 4 or not files[0].endswith("idx3-ubyte") or not _has_files(raw, files):
+        return None
+    (x1, y1), (x2, y2) = (read_idx_split(raw, *files[:2]), read_idx_split(raw, *files[2:]))
+    return np.concatenate([x1, x2]), np.concatenate([y1, y2])
+
+
 def _torchvision(name: str, root: Path, download: bool) -> tuple[np.ndarray, np.ndarray]:
+    arrays = _idx_arrays(name, root)
+    if arrays is not None:
+        return arrays
     import torchvision.datasets as tvd
 
     makers: dict[str, Callable[[bool], object]] = {

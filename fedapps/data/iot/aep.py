@@ -17,14 +17,17 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 import torch
 
 from fedapps.data.datasets import DATASETS, DatasetInfo, Pool
 from fedapps.data.iot.common import cached_arrays, download_file, files_identity, missing
 from fedapps.errors import ConfigError
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 NAME = "aep"
 FOLDER = "aep"
@@ -67,6 +70,7 @@ def split_indices(n: int, fraction: float = TEST_FRACTION,
 
 def read_csv(path: Path) -> pd.DataFrame:
     """The UCI file with its exact header; the date parsed (one-line error otherwise)."""
+    import pandas as pd  # lazy: keeps pandas out of a ClientApp's imports
     try:
         df = pd.read_csv(path)
     except (ValueError, OSError) as err:
@@ -110,6 +114,7 @@ def correlated_columns(train: np.ndarray) -> np.ndarray:
 def features(df: pd.DataFrame, train: np.ndarray) -> tuple[np.ndarray, list[str]]:
     """Every row's inputs (float64) and their names, all statistics fitted on the `train` rows.
     The reference pipeline's steps in its order (the thesis lists them, unordered)."""
+    import pandas as pd  # lazy: keeps pandas out of a ClientApp's imports
     x = df.drop(columns="Appliances")
     x.columns = [c.lower() for c in x.columns]  # reference: lower-cased names
     # 1. thesis "log-transform the temperatures (skew)"; reference: log1p of t9, rv1, rv2 and

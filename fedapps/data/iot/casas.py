@@ -28,14 +28,17 @@ from __future__ import annotations
 import csv
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 import torch
 
 from fedapps.data.datasets import DATASETS, DatasetInfo, Pool
 from fedapps.data.iot.common import cached_arrays, download_zip, files_identity, missing, require
 from fedapps.errors import ConfigError
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 NAME = "casas"
 FOLDER = "casas"
@@ -139,6 +142,7 @@ def download(root: Path) -> None:
 def _parse(path: Path) -> pd.DataFrame:
     """Sensor (column 2), value (3) and annotation (4, '' when none) of every M/D/T line, read
     by pandas' C whitespace parser in chunks (a chunk's unused columns are dropped at once)."""
+    import pandas as pd  # lazy: keeps pandas out of a ClientApp's imports
     kept = []
     try:
         with warnings.catch_warnings():  # a line of too many fields: an error, never truncated
@@ -165,6 +169,7 @@ def _parse(path: Path) -> pd.DataFrame:
 
 def read_events(path: Path) -> tuple[pd.Series, pd.Series]:
     """(token key `sensor<TAB>value`, raw activity) of every M/D/T event of one home's file."""
+    import pandas as pd  # lazy: keeps pandas out of a ClientApp's imports
     events = _parse(path)
     note = events["note"][events["note"] != ""]
     # substring tests, as the reference's `'begin' in des` / `'end' in des`
@@ -211,6 +216,7 @@ def segment(tokens: np.ndarray, activity: np.ndarray, max_len: int = MAX_LEN
 
 def build(root: Path) -> dict[str, np.ndarray]:
     """Read every home, tokenize, segment, label and split (train first, then test)."""
+    import pandas as pd  # lazy: keeps pandas out of a ClientApp's imports
     from sklearn.model_selection import train_test_split
 
     homes = []

@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 import torch
 
 from fedapps.data.datasets import DATASETS, DatasetInfo, Pool, cache_dir
@@ -36,6 +36,9 @@ from fedapps.data.iot.common import (
     write_memmap,
 )
 from fedapps.errors import ConfigError
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 NAME = "epic-sounds"
 FOLDER = "epic-sounds"
@@ -113,6 +116,7 @@ def log_mel(audio: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
 
 def read_tables(root: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The train and test (validation) annotation tables."""
+    import pandas as pd  # lazy: keeps pandas out of a ClientApp's imports
     cols = ["participant_id", "video_id", "start_sample", "stop_sample", "class_id"]
     out = []
     for name in (TRAIN_CSV, TEST_CSV):

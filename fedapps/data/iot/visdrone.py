@@ -22,10 +22,10 @@ from __future__ import annotations
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from PIL import Image
 
 from fedapps.data.datasets import DATASETS, DatasetInfo, Pool, cache_dir
 from fedapps.data.iot.common import (
@@ -38,6 +38,9 @@ from fedapps.data.iot.common import (
     write_memmap,
 )
 from fedapps.errors import ConfigError
+
+if TYPE_CHECKING:
+    from PIL import Image
 
 NAME = "visdrone"
 FOLDER = "visdrone"
@@ -117,6 +120,8 @@ def read_boxes(path: Path) -> np.ndarray:
 
 def letterbox(image: Image.Image, side: int) -> np.ndarray:
     """uint8 [3, side, side]: the image scaled to fit, centred on grey (`placement`)."""
+    from PIL import Image  # lazy, as every image library here: not in a ClientApp's imports
+
     _, nw, nh, left, top = placement(image.size, side)
     canvas = np.full((side, side, 3), PAD_VALUE, dtype=np.uint8)
     canvas[top:top + nh, left:left + nw] = np.asarray(
@@ -152,6 +157,8 @@ def placement(size: tuple[int, int], side: int) -> tuple[float, int, int, int, i
 def _build_images(pairs: list[tuple[Path, Path]], side: int, path: Path) -> None:
     """Write every letterboxed image to `path` (a .npy memory map, atomically)."""
 
+    from PIL import Image
+
     def fill(out: np.ndarray) -> None:
         for i, (image_path, _) in enumerate(pairs):
             with Image.open(image_path) as image:
@@ -162,6 +169,8 @@ def _build_images(pairs: list[tuple[Path, Path]], side: int, path: Path) -> None
 
 def _targets(pairs: list[tuple[Path, Path]], side: int) -> dict[str, np.ndarray]:
     """The padded box targets (image sizes come from the file headers, no decoding)."""
+    from PIL import Image
+
     targets = []
     for image_path, note in pairs:
         with Image.open(image_path) as image:

@@ -31,14 +31,17 @@ from __future__ import annotations
 import re
 import zipfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 import torch
 
 from fedapps.data.datasets import DATASETS, DatasetInfo, Pool
 from fedapps.data.iot.common import cached_arrays, download_zip, files_identity, missing
 from fedapps.errors import ConfigError
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 FOLDER = "wisdm-dataset"
 DEVICES = {"wisdm-w": "watch", "wisdm-p": "phone"}
@@ -108,6 +111,7 @@ def fetch(name: str, root: Path) -> None:
 def read_sensor(path: Path) -> pd.DataFrame:
     """One raw file as its six columns (the ';' that ends each line is read as a comment);
     rows with a missing field are dropped [ref: dropna]."""
+    import pandas as pd  # lazy: keeps pandas out of a ClientApp's imports
     try:
         frame = pd.read_csv(path, header=None, names=list(COLUMNS), comment=";",
                             dtype={"subject": "Int64", "activity": str, "timestamp": "Int64",

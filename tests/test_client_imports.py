@@ -1,0 +1,28 @@
+"""What a ClientApp process imports: the client path stays free of the heavy libraries that
+only some loaders, the server or the tooling need (each one is tens of MB resident on an edge
+device, docs/PERFORMANCE.md "A lean node")."""
+
+import json
+import subprocess
+import sys
+
+HEAVY = ("pandas", "pyarrow", "PIL", "torchvision", "sklearn", "matplotlib", "wandb", "ray",
+         "datasets", "flwr_datasets", "h5py", "ultralytics", "scipy")
+
+
+def test_the_client_app_imports_none_of_the_heavy_libraries():
+    code = ("import json, sys; import fedapps.client_app, fedapps.warm_clientapp; "
+            f"print(json.dumps(sorted(m for m in {list(HEAVY)!r} if m in sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+def test_the_startup_probe_builds_and_fits_a_client_in_a_fresh_interpreter():
+    from simulations.deploy_benchmark import startup_probe
+
+    report = startup_probe("quickstart", ["rounds=1"])
+    stages = [report[k] for k in ("torch_rss_mb", "app_rss_mb", "peak_rss_mb",
+                                  "fit_peak_rss_mb")]
+    assert stages == sorted(stages) and stages[0] > 50  # peaks only grow; torch is in them
+    assert report["fit_s"] > 0 and report["torch"].split(".")[0] == "2"
