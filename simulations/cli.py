@@ -39,7 +39,8 @@ def _reproduce(args: argparse.Namespace) -> int:
     out = reproduce(args.grid, args.seeds, args.overrides, Path(args.output_dir).resolve(),
                     runner, table_only=args.table_only,
                     only=[c for c in args.cells.split(",") if c] if args.cells else (),
-                    jobs=jobs, on_interrupt=lambda: terminate(descendants(os.getpid())))
+                    jobs=jobs, on_interrupt=lambda: terminate(descendants(os.getpid())),
+                    paired_against=args.paired_against)
     print(f"fedapps: table and plots in {out}")
     return 0
 
@@ -184,6 +185,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="runs at a time, each its own SuperLink, sharing the CPUs (and the GPU); "
                         "default 1")
     r.add_argument("--output-dir", default="outputs", help="runs go to <output-dir>/<grid>/")
+    r.add_argument("--paired-against", default=None, metavar="LABEL",
+                   help="also write paired.md: every cell's per-seed differences from this "
+                        "cell, with paired t-test and exact sign-flip p-values")
     r.add_argument("--ray-address", default=None, metavar="HOST:PORT", help=app_cli.RAY_HELP)
     p = sub.add_parser("partition", help="build an experiment's partition without training; "
                        "print sizes, class counts and EMDs")

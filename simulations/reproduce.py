@@ -70,6 +70,8 @@ class Grid:
     exclude: list[str] = field(default_factory=list)  # labels of cells not to run
     # extra columns: the best metric within the first share of the rounds (seed 004 Table 2.4)
     budgets: list[float] = field(default_factory=list)
+    paired_against: str = ""  # a cell label: paired.md compares every other cell with it
+    paired: list[list[str]] = field(default_factory=list)  # or these [cell, baseline] pairs
 
     def cells(self) -> list[dict[str, Any]]:
         keys = list(self.axes)
@@ -113,7 +115,12 @@ def load_grid(name: str) -> Grid:
                     {str(k): [str(x) for x in v or []]
                      for k, v in (raw.get("variants") or {}).items()},
                     [str(x) for x in raw.get("exclude") or []],
-                    [float(b) for b in raw.get("budgets") or []])
+                    [float(b) for b in raw.get("budgets") or []],
+                    str(raw.get("paired-against") or ""),
+                    [[str(x) for x in pair] for pair in raw.get("paired") or []])
+        if any(len(pair) != 2 for pair in grid.paired):
+            raise ConfigError(f"grid {name}: paired: {grid.paired} must be [cell, baseline] "
+                              "pairs")
         if any(not 0 < b <= 1 for b in grid.budgets):
             raise ConfigError(f"grid {name}: budgets {grid.budgets} must be shares of the "
                               "rounds in (0, 1]")
@@ -250,15 +257,20 @@ def mean_std(values: Sequence[float]) -> tuple[float, float]:
 
 
 def collect(grid: Grid, out_root: Path) -> dict[str, list[dict[str, Any]]]:
-    """Every completed run of each cell found on disk (any seed), grouped by cell label."""
+    """Every completed run of each cell found on disk (any seed), grouped by cell label; each
+    run's seed (from its directory name) under "seed"."""
     by_cell: dict[str, list[dict[str, Any]]] = {}
     for cell in grid.cells():
         prefix = run_dir_for(out_root, grid, cell, 0).name[: -len("-s0")]
         # cell names may hold glob characters (algo.hidden-[2_4_8]): escape them
         runs = sorted((out_root / grid.name).glob(f"{glob.escape(prefix)}-s*"),
                       key=lambda p: p.name)
-        docs = [json.loads((r / "results.json").read_text()) for r in runs
-                if r.name[len(prefix) + 2:].isdigit() and is_complete(r)]
+        docs = []
+        for r in runs:
+            if r.name[len(prefix) + 2:].isdigit() and is_complete(r):
+                doc = json.loads((r / "results.json").read_text())
+                doc["seed"] = int(r.name[len(prefix) + 2:])  # pairs runs across cells
+                docs.append(doc)
         if docs:
             by_cell[cell_label(cell)] = docs
     return by_cell
@@ -343,10 +355,14 @@ def plot_all(by_cell: dict[str, list[dict[str, Any]]], out: Path, title: str) ->
 def reproduce(name: str, seeds: int | None, overrides: Sequence[str], out_root: Path,
               runner: Runner, log: Callable[[str], None] = print,
               table_only: bool = False, only: Sequence[str] = (), jobs: int = 1,
-              on_interrupt: Callable[[], None] = lambda: None) -> Path:
+              on_interrupt: Callable[[], None] = lambda: None,
+              paired_against: str | None = None) -> Path:
     """Run (or resume) a grid, then write table.md and plots under <out_root>/<grid>/.
 
     `table_only` tabulates the finished runs already on disk without starting any.
+    `paired_against` (or the grid's `paired-against`) names a cell: paired.md then gives every
+    other cell's per-seed differences from it with paired tests (simulations/paired.py); a
+    grid's `paired: [[cell, baseline], ...]` names the pairs instead.
     """
     grid = load_grid(name)
     if seeds is not None and seeds < 1:
@@ -363,4 +379,20 @@ def reproduce(name: str, seeds: int | None, overrides: Sequence[str], out_root: 
     if by_cell:
         plot_all(by_cell, out, grid.name)
     log(md)
+    baseline = paired_against or grid.paired_against
+    given = [] if paired_against else grid.paired
+    if (baseline or given) and by_cell:
+        from fedapps.plots import run_metric
+        from simulations.paired import comparisons, paired_table
+
+        metric = run_metric(by_cell)
+        official = any(f"best_official_test_{metric}" in d["summary"]
+                       for docs in by_cell.values() for d in docs)
+        paired = paired_table(by_cell, comparisons(by_cell, baseline, given),
+                              columns(metric, official)[:6])
+        (out / "paired.md").write_text(
+            f"# {grid.name}: paired differences\n\n{paired}\n"
+            "Mean ± sample std over the seeds both cells completed; two-sided p of the paired "
+            "t-test and of the exact sign-flip test (simulations/paired.py).\n")
+        log(paired)
     return out
