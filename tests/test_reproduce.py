@@ -188,6 +188,8 @@ def test_every_grid_file_validates_and_references_its_cells():
         assert set(grid.variants) <= {str(v) for v in grid.axes.get("variant", [])}, name
         every = Grid(name, grid.experiment, grid.seeds, grid.axes).cells()
         assert set(grid.exclude) <= {cell_label(c) for c in every}, name  # no stale exclusion
+        paired = {c for pair in grid.paired for c in pair} | ({grid.paired_against} - {""})
+        assert paired <= labels, name  # paired comparisons name cells that run
 
 
 def test_table_only_starts_no_run(tmp_path):
