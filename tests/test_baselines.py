@@ -284,7 +284,8 @@ def test_fedbabu_p_does_not_collapse_while_g_rises():
     for part in ("full", "head"):
         cfg = load_config("quickstart", ["algorithm=fedbabu", "federation.num-clients=3",
                                          "train.local-epochs=1", "model.name=digits-cnn",
-                                         f"algo.finetune-part={part}"])
+                                         # the two-layer head of the measurement in 6b
+                                         "model.head-depth=2", f"algo.finetune-part={part}"])
         fd = federated_data(cfg)
         torch.manual_seed(0)
         g = get_arrays(make_model(cfg))
