@@ -60,12 +60,13 @@ context = Context(run_id=0, node_id=0, node_config={"partition-id": 0, "num-part
 client = fedapps.client_app.client_fn(context)
 params = client.get_parameters(GetParametersIns({})).parameters
 t4 = time.perf_counter()
-client.fit(FitIns(params, {"server-round": 1}))
+fit = client.fit(FitIns(params, {"server-round": 1}))
 t5 = time.perf_counter()
 print(json.dumps({"torch": torch.__version__, "imports_s": round(t1 - t0, 2),
                   "data_s": round(t2 - t1, 2), "again_s": round(t3 - t2, 4),
-                  "fit_s": round(t5 - t4, 2), "torch_rss_mb": torch_mb, "app_rss_mb": app_mb,
-                  "peak_rss_mb": data_mb, "fit_peak_rss_mb": peak_mb()}))
+                  "fit_s": round(t5 - t4, 2), "fit_examples": fit.num_examples,
+                  "torch_rss_mb": torch_mb, "app_rss_mb": app_mb, "peak_rss_mb": data_mb,
+                  "fit_peak_rss_mb": peak_mb()}))
 """
 
 
@@ -156,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="only the fresh-interpreter probe (runs with the fedapps on PYTHONPATH)")
     p.add_argument("--python", default=sys.executable,
                    help="interpreter of the probe: another environment's (e.g. a CPU-only "
-                        "torch edge install, docs/DEPLOYMENT.md) to measure its footprint")
+                        "torch edge install, deploy/README.md) to measure its footprint")
     args = p.parse_args(argv)
     modes = args.modes.split(",")
     sets = args.overrides or ["rounds=3", "eval.fraction=0.25"]  # 5 of 20 clients evaluate

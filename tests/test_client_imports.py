@@ -19,10 +19,12 @@ def test_the_client_app_imports_none_of_the_heavy_libraries():
 
 
 def test_the_startup_probe_builds_and_fits_a_client_in_a_fresh_interpreter():
+    from fedapps.data import federated_data
+    from fedapps.validation import resolve_config
     from simulations.deploy_benchmark import startup_probe
 
     report = startup_probe("quickstart", ["rounds=1"])
-    stages = [report[k] for k in ("torch_rss_mb", "app_rss_mb", "peak_rss_mb",
-                                  "fit_peak_rss_mb")]
-    assert stages == sorted(stages) and stages[0] > 50  # peaks only grow; torch is in them
-    assert report["fit_s"] > 0 and report["torch"].split(".")[0] == "2"
+    # the fit ran on partition 0's whole train split, in the probe's own interpreter
+    train = federated_data(resolve_config("quickstart", ["rounds=1"])).client(0).y_train
+    assert report["fit_examples"] == len(train) > 0
+    assert report["torch_rss_mb"] > 50 and report["fit_peak_rss_mb"] >= report["peak_rss_mb"]
