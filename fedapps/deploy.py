@@ -25,6 +25,8 @@ from fedapps.errors import ConfigError
 from fedapps.launcher import CONNECTION, LocalSuperLink, default_filter, free_port, submit
 from fedapps.processes import unwatch, watch
 
+IN_MEMORY_LINK_STATE = ":flwr-in-memory:"  # flower-superlink's --database for state in RAM
+
 
 def node_config(partition_id: int, num_partitions: int, data_root: Path | None,
                 state_dir: Path | None, extra: dict[str, str] | None = None) -> str:
@@ -153,8 +155,11 @@ def _federate(run_config: dict[str, str], num_nodes: int, data_root: Path | None
     if secure is not None:
         superlink_args, connection = tls_superlink(secure, num_nodes)
     nodes: list[SuperNode] = []
+    # in-memory link state: with the SQLite file, 20 nodes answering at once on a starved
+    # machine held its write lock past SQLite's 5 s busy timeout and the SuperLink failed the
+    # run with `database is locked` (docs/PERFORMANCE.md); a lock held 12 s ends a run there
     with LocalSuperLink(workdir, simulation=False, extra_args=superlink_args,
-                        connection=connection) as link:
+                        connection=connection, database=IN_MEMORY_LINK_STATE) as link:
         try:
             for i in range(num_nodes):
                 if secure is not None:

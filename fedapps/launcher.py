@@ -65,8 +65,12 @@ class LocalSuperLink:
     def __init__(self, workdir: Path, startup_timeout: float = 60.0, simulation: bool = True,
                  extra_args: Sequence[str] = (),
                  connection: dict[str, object] | None = None,
-                 extra_env: dict[str, str] | None = None) -> None:
+                 extra_env: dict[str, str] | None = None,
+                 database: str | None = None) -> None:
         self.simulation = simulation
+        # link state: a SQLite file by default; `:flwr-in-memory:` (Flower's own default) keeps
+        # it in the SuperLink's memory, which no writer can lock (deploy.py uses it)
+        self.database = database
         self.extra_env = extra_env or {}
         # how `flwr` reaches this SuperLink: insecure by default, or root-certificates for TLS
         self.connection = connection or {"insecure": True}
@@ -94,7 +98,7 @@ class LocalSuperLink:
         cmd = ["flower-superlink", *(["--simulation"] if self.simulation else []),
                "--isolation", "subprocess", "--disable-runtime-dependency-installation",
                "--host", "127.0.0.1", "--port", str(self.port),
-               "--database", str(self.home / "state.db"),
+               "--database", self.database or str(self.home / "state.db"),
                *(self.extra_args or ["--insecure"])]
         with open(self.log_path, "ab") as log_file:
             self.process = subprocess.Popen(cmd, env=self.env(), stdout=log_file,

@@ -2,6 +2,7 @@
 
 import json
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -39,6 +40,33 @@ def watch_clientapps(seen):
     return watch
 
 
+def lock_link_state(seconds=12.0):
+    """A `during` hook: hold an exclusive lock on any SQLite file of the SuperLink's state for
+    longer than SQLite's 5 s busy timeout, as a starved writer did under load (with the state in
+    a file, the SuperLink then failed the run with `database is locked`)."""
+    import sqlite3
+
+    def hold(nodes):
+        time.sleep(3)
+        for db in nodes[0].link.home.glob("*.db"):
+            con = sqlite3.connect(db, timeout=30, isolation_level=None)
+            con.execute("BEGIN EXCLUSIVE")
+            time.sleep(seconds)
+            con.execute("ROLLBACK")
+            con.close()
+    return hold
+
+
+def both(*hooks):
+    def run(nodes):
+        threads = [threading.Thread(target=hook, args=(nodes,), daemon=True) for hook in hooks]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    return run
+
+
 def test_deployment_gives_the_simulation_numbers(tmp_path):
     # FedReb: FedAvg's path plus personal heads kept in node state (plain FedAvg deployments run
     # in the fault and TLS tests below)
@@ -48,7 +76,8 @@ def test_deployment_gives_the_simulation_numbers(tmp_path):
     seen = {}
     assert run_experiment(experiment, sets, 3, sim, show=QUIET) == "finished:completed"
     assert run_federation(experiment, sets, 3, dep, state_root=tmp_path / "state",
-                          show=QUIET, during=watch_clientapps(seen)) == "finished:completed"
+                          show=QUIET, during=both(watch_clientapps(seen), lock_link_state())
+                          ) == "finished:completed"  # the lock cannot stop a run
     # every message of a node ran in its one long-running ClientApp process (3 nodes x 5
     # messages would be 15 flwr-clientapp processes with Flower's default isolation)
     assert sorted(seen.values()) == ["warm"] * 3
