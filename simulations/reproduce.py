@@ -72,6 +72,9 @@ class Grid:
     budgets: list[float] = field(default_factory=list)
     paired_against: str = ""  # a cell label: paired.md compares every other cell with it
     paired: list[list[str]] = field(default_factory=list)  # or these [cell, baseline] pairs
+    # an extra column: the metric's mean over the last share of the rounds, a steadier readout
+    # than the final round of a curve that swings from round to round (0: none)
+    tail: float = 0.0
 
     def cells(self) -> list[dict[str, Any]]:
         keys = list(self.axes)
@@ -117,10 +120,14 @@ def load_grid(name: str) -> Grid:
                     [str(x) for x in raw.get("exclude") or []],
                     [float(b) for b in raw.get("budgets") or []],
                     str(raw.get("paired-against") or ""),
-                    [[str(x) for x in pair] for pair in raw.get("paired") or []])
+                    [[str(x) for x in pair] for pair in raw.get("paired") or []],
+                    float(raw.get("tail") or 0.0))
         if any(len(pair) != 2 for pair in grid.paired):
             raise ConfigError(f"grid {name}: paired: {grid.paired} must be [cell, baseline] "
                               "pairs")
+        if not 0 <= grid.tail <= 1:
+            raise ConfigError(f"grid {name}: tail {grid.tail} must be a share of the rounds in "
+                              "(0, 1], or 0 for none")
         if any(not 0 < b <= 1 for b in grid.budgets):
             raise ConfigError(f"grid {name}: budgets {grid.budgets} must be shares of the "
                               "rounds in (0, 1]")
@@ -276,15 +283,45 @@ def collect(grid: Grid, out_root: Path) -> dict[str, list[dict[str, Any]]]:
     return by_cell
 
 
+def headline_key(rounds: list[dict[str, Any]], metric: str) -> str:
+    """The per-round key a run is judged by: the official test split's metric where the run
+    has one (seed 004's global accuracy, FedAIoT's centralized test), else G."""
+    official = f"official_test_{metric}"
+    return official if any(r.get(official) is not None for r in rounds) else f"global_{metric}"
+
+
 def best_within(doc: dict[str, Any], metric: str, share: float) -> float | None:
-    """The best metric over the first ceil(share x rounds) rounds of a run: the official test
-    split's where the run has one (FedAIoT's centralized test), else G."""
+    """The best metric over the first ceil(share x rounds) rounds of a run."""
     rounds = doc.get("rounds", [])
     budget = math.ceil(share * len(rounds) - 1e-9)  # tabulated runs are complete
-    key = f"official_test_{metric}" if any(r.get(f"official_test_{metric}") is not None
-                                          for r in rounds) else f"global_{metric}"
+    key = headline_key(rounds, metric)
     vals = [r[key] for r in rounds if r["round"] <= budget and r.get(key) is not None]
     return max(vals) if vals else None
+
+
+def tail_mean(doc: dict[str, Any], metric: str, share: float) -> float | None:
+    """The mean metric over the last ceil(share x rounds) rounds of a run (the rounds among
+    them that were evaluated)."""
+    rounds = doc.get("rounds", [])
+    first = len(rounds) - math.ceil(share * len(rounds) - 1e-9)
+    key = headline_key(rounds, metric)
+    vals = [r[key] for r in rounds if r["round"] > first and r.get(key) is not None]
+    return float(np.mean(vals)) if vals else None
+
+
+def tail_column(by_cell: dict[str, list[dict[str, Any]]], grid: Grid,
+                metric: str) -> list[tuple[str, str, float]]:
+    """Puts each run's tail mean into its summary (in memory, for the table and paired.md) and
+    returns its column, or no column when the grid has no `tail`."""
+    if not grid.tail:
+        return []
+    key = f"tail_mean_{metric}"
+    for docs in by_cell.values():
+        for doc in docs:
+            doc["summary"][key] = tail_mean(doc, metric, grid.tail)
+    kind = "official test" if any(headline_key(d.get("rounds", []), metric).startswith("official")
+                                  for docs in by_cell.values() for d in docs) else "G"
+    return [(key, f"{kind} mean of last {100 * grid.tail:g}% of rounds", metric_scale(metric))]
 
 
 def table(by_cell: dict[str, list[dict[str, Any]]], grid: Grid) -> str:
@@ -301,6 +338,7 @@ def table(by_cell: dict[str, list[dict[str, Any]]], grid: Grid) -> str:
     scale = metric_scale(metric)
     metrics += [(f"@{share:g}", f"best within {100 * share:g}% of rounds", scale)
                 for share in grid.budgets]
+    metrics += tail_column(by_cell, grid, metric)
     extra = {k for ref in grid.reference.values() for k in ref} - {"G", "P"}
     paper_keys = ["G", "P", *sorted(extra)]
     rows = []
@@ -389,7 +427,7 @@ def reproduce(name: str, seeds: int | None, overrides: Sequence[str], out_root: 
         official = any(f"best_official_test_{metric}" in d["summary"]
                        for docs in by_cell.values() for d in docs)
         paired = paired_table(by_cell, comparisons(by_cell, baseline, given),
-                              columns(metric, official)[:6])
+                              columns(metric, official)[:6] + tail_column(by_cell, grid, metric))
         (out / "paired.md").write_text(
             f"# {grid.name}: paired differences\n\n{paired}\n"
             "Mean ± sample std over the seeds both cells completed; two-sided p of the paired "

@@ -19,6 +19,8 @@ from simulations.reproduce import (
     run_grid,
     split_cells,
     table,
+    tail_column,
+    tail_mean,
 )
 
 
@@ -342,6 +344,36 @@ def test_cli_refuses_a_bad_jobs_count_in_one_line(capsys):
         main(["reproduce", "quick", "--jobs", "0"])
     assert exit_info.value.code == 2
     assert "argument --jobs: '0': a whole number of runs, at least 1" in capsys.readouterr().err
+
+
+def test_tail_column_is_the_mean_over_the_last_share_of_rounds_and_is_paired(tmp_path):
+    """A grid's `tail`: the official test metric's mean over the last ceil(share x rounds)
+    rounds (G where there is no official split), in table.md and paired.md."""
+    from simulations.paired import paired_table
+
+    def doc(seed, official, glob=None):
+        rounds = [{"round": i + 1, "global_accuracy": None if glob is None else glob[i],
+                   "personal_accuracy": None, "official_test_accuracy": v}
+                  for i, v in enumerate(official)]
+        return {"seed": seed, "rounds": rounds,
+                "summary": {"status": "completed", "final_official_test_accuracy": official[-1]}}
+    by_cell = {"a": [doc(0, [0.1, 0.5, 0.3, 0.2, 0.6]), doc(1, [0.3, 0.2, 0.4, 0.7, 0.1])],
+               "b": [doc(0, [0.1, 0.1, 0.1, 0.1, 0.2]), doc(1, [0.1, 0.1, 0.1, 0.3, 0.1])]}
+    grid = Grid("t", "quickstart", [0, 1], {"x": ["a", "b"]}, tail=0.3)
+    md = table(by_cell, grid)
+    # last ceil(1.5) = 2 rounds: a (0.2+0.6)/2 = 0.4, (0.7+0.1)/2 = 0.4; b 0.15, 0.2
+    assert "| official test mean of last 30% of rounds |" in md
+    assert md.splitlines()[2].endswith("| 40.00 ± 0.00 | - | - | - |")
+    assert md.splitlines()[3].endswith("| 17.50 ± 3.54 | - | - | - |")
+    cols = tail_column(by_cell, grid, "accuracy")
+    paired = paired_table(by_cell, [("a", "b")], cols)
+    # a - b per seed: 40 - 15 = 25, 40 - 20 = 20 -> +22.50 ± 3.54
+    assert "| a - b | 2 | +22.50 ± 3.54 |" in paired
+    # a run without an official split: G's tail, skipping rounds that were not evaluated
+    g = doc(0, [None] * 4, glob=[0.5, None, 0.7, None])
+    assert tail_mean(g, "accuracy", 0.5) == pytest.approx(0.7)
+    assert tail_mean(g, "accuracy", 1.0) == pytest.approx(0.6)
+    assert tail_column(by_cell, Grid("t", "quickstart", [0]), "accuracy") == []
 
 
 def test_budget_columns_take_the_best_within_the_first_share_of_rounds():
