@@ -145,6 +145,9 @@ def test_a_variant_the_grid_file_does_not_define_is_a_one_line_error(tmp_path, m
     monkeypatch.setattr(reproduce, "CONF_DIR", tmp_path)
     with pytest.raises(ConfigError, match="variant b not under variants"):
         load_grid("bad")
+    (tmp_path / "grid" / "tail.yaml").write_text("experiment: quickstart\ntail: 10\n")
+    with pytest.raises(ConfigError, match=r"grid tail: tail 10.0 must be a share of the rounds"):
+        load_grid("tail")  # 10 for 10 %: a share is asked for
 
 
 def test_mean_std_edge_cases():
