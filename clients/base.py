@@ -24,6 +24,7 @@ from flwr.common import Context, RecordDict
 from torch import nn
 
 from clients.arrays import get_arrays, load_momentum, momentum_arrays, set_arrays
+from clients.optim import EagerSGD
 from fedapps.evaluation import evaluate_sums
 from fedapps.precision import Precision
 from fedapps.settings import AlgoSettings
@@ -213,8 +214,8 @@ class BaseClient(NumPyClient):
         its optimizers), so it runs on across participations. Without `keep` (or with reset)
         it starts fresh, as evaluation-time fine-tuning always does."""
         s = self.settings
-        opt = torch.optim.SGD(params, lr=s.lr_at(self.server_round), momentum=s.momentum,
-                              weight_decay=s.weight_decay)
+        opt = EagerSGD(params, lr=s.lr_at(self.server_round), momentum=s.momentum,
+                       weight_decay=s.weight_decay)
         if keep is None or s.optimizer_state != "persist":
             return opt
         if keep in self._kept_optimizers:

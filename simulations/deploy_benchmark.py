@@ -5,8 +5,9 @@ deployment with Flower's default ClientApp process per message (`deploy-local --
 with one long-running ClientApp process per SuperNode (`deploy-local`). While a deployment
 runs, every SuperNode's process tree (SuperNode, Flower's SuperExec and ClientApp processes, or
 the warm ClientApp process) is sampled from /proc: peak resident memory (RSS, and PSS, which
-splits pages shared between processes) of the tree and of its largest ClientApp process. A
-fresh interpreter also times what each cold message pays before training (imports + data) and
+splits pages shared between processes) of the tree and of its largest ClientApp process; and
+the CPU seconds every process of a run used, by kind (SuperLink, SuperNodes, ClientApps, Ray
+workers, ...). A fresh interpreter also times what each cold message pays before training (imports + data) and
 one fit, with the peak RSS after each stage; `--python` runs that probe under another
 environment's interpreter (the lean node install of deploy/README.md).
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -27,7 +29,7 @@ from pathlib import Path
 
 from fedapps.deploy import SuperNode, run_federation
 from fedapps.launcher import run_experiment
-from fedapps.processes import child_map
+from fedapps.processes import child_map, descendants
 
 CLIENTAPP_MARKERS = ("flwr-clientapp", "fedapps.warm_clientapp")
 STARTUP_PROBE = """
@@ -66,7 +68,8 @@ print(json.dumps({"torch": torch.__version__, "imports_s": round(t1 - t0, 2),
                   "data_s": round(t2 - t1, 2), "again_s": round(t3 - t2, 4),
                   "fit_s": round(t5 - t4, 2), "fit_examples": fit.num_examples,
                   "torch_rss_mb": torch_mb, "app_rss_mb": app_mb, "peak_rss_mb": data_mb,
-                  "fit_peak_rss_mb": peak_mb()}))
+                  "fit_peak_rss_mb": peak_mb(),
+                  "torch_dynamo_imported": "torch._dynamo" in sys.modules}))
 """
 
 
@@ -115,6 +118,57 @@ class TreeSampler:
                         self.peak_app_rss = max(self.peak_app_rss, rss)
                         self.peak_app_pss = max(self.peak_app_pss, pss)
             time.sleep(self.period)
+
+
+CPU_KINDS = (("clientapp", CLIENTAPP_MARKERS), ("superexec", ("flower-superexec",)),
+             ("supernode", ("flower-supernode",)), ("superlink", ("flower-superlink",)),
+             ("serverapp", ("flwr-serverapp",)), ("ray", ("ray", "raylet", "gcs_server")))
+
+
+def process_kind(pid: int) -> str:
+    """Which part of the federation a process is, by its command line ('other' if none)."""
+    try:
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return "other"
+    return next((kind for kind, marks in CPU_KINDS if any(m in cmd for m in marks)), "other")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time a process has used so far (/proc/<pid>/stat fields 14-15)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuSampler(threading.Thread):
+    """CPU seconds used by each kind of process this benchmark started (SuperLink,
+    SuperNodes, ClientApps, ...), read from /proc every `period` seconds: a process's last
+    reading counts, so one that lived less than a period is missed (a lower bound)."""
+
+    def __init__(self, period: float = 0.5) -> None:
+        super().__init__(daemon=True)
+        self.period, self.stop = period, threading.Event()
+        self.last: dict[int, tuple[str, float]] = {}
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            for pid in descendants(os.getpid()):
+                kind = self.last[pid][0] if pid in self.last else process_kind(pid)
+                used = cpu_seconds(pid)
+                if used:
+                    self.last[pid] = (kind, used)
+            time.sleep(self.period)
+
+    def totals(self) -> dict[str, float]:
+        self.stop.set()
+        self.join()
+        out: dict[str, float] = {}
+        for kind, used in self.last.values():
+            out[kind] = round(out.get(kind, 0.0) + used, 1)
+        return dict(sorted(out.items()))
 
 
 def round_stats(run_dir: Path) -> dict:
@@ -171,12 +225,16 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(report["startup_probe"]))
         return 0
     if "simulation" in modes:
+        cpu = CpuSampler()
+        cpu.start()
         t = time.perf_counter()
         status = run_experiment(args.experiment, sets, n, args.out / "simulation", show=quiet)
         report["simulation"] = {"status": status, "wall_s": round(time.perf_counter() - t, 1),
+                                "cpu_seconds": cpu.totals(),
                                 **round_stats(args.out / "simulation")}
     for name in [m for m in modes if m.startswith("deploy")]:
-        sampler = TreeSampler()
+        sampler, cpu = TreeSampler(), CpuSampler()
+        cpu.start()
         t = time.perf_counter()
         # the code before the warm ClientApp has no `warm` (and is always cold)
         mode = {"warm": name == "deploy_warm"} \
@@ -185,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
                                 state_root=args.out / f"{name}-state", during=sampler, **mode)
         sampler.stop.set()
         report[name] = {"status": status, "wall_s": round(time.perf_counter() - t, 1),
+                        "cpu_seconds": cpu.totals(),
                         "clientapp_processes": len(sampler.clientapp_pids),
                         "peak_tree_rss_mb": sampler.peak_tree_rss // 1024,
                         "peak_tree_pss_mb": sampler.peak_tree_pss // 1024,

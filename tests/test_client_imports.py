@@ -28,3 +28,6 @@ def test_the_startup_probe_builds_and_fits_a_client_in_a_fresh_interpreter():
     train = federated_data(resolve_config("quickstart", ["rounds=1"])).client(0).y_train
     assert report["fit_examples"] == len(train) > 0
     assert report["torch_rss_mb"] > 50 and report["fit_peak_rss_mb"] >= report["peak_rss_mb"]
+    # torch.optim's SGD imports the torch.compile front end (about 70 MB) on its first use;
+    # the client's EagerSGD (clients/optim.py) trains without it
+    assert report["torch_dynamo_imported"] is False
