@@ -30,10 +30,10 @@ from logging import DEBUG, ERROR, INFO
 from pathlib import Path
 
 # Polls of the SuperNode for a task: fast right after start and after each task, then slower
-# while idle, up to Flower's SuperExec's once a second. A poll is an HTTP request answered by
-# the SuperNode (about 3.5 ms of CPU on both sides, measured): a fixed 0.05 s poll used 128 CPU
-# seconds of 20 warm nodes' ClientApps and 94 of their SuperNodes in a 153 s run on 2 cores,
-# while the training of the whole run needed about 40 (docs/PERFORMANCE.md).
+# while idle, up to Flower's SuperExec's once a second. A poll is an HTTP request that this
+# process and the SuperNode both handle in Python: with a fixed 0.05 s poll, 20 warm nodes'
+# ClientApps and SuperNodes used 222 CPU seconds of a 153 s run on 2 cores, where the same
+# experiment simulated used 43 in all (docs/PERFORMANCE.md, "On a quiet machine").
 POLL_FIRST_SECONDS, POLL_MAX_SECONDS = 0.05, 1.0
 
 
