@@ -47,22 +47,40 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
+def stat_fields(pid: int) -> list[str]:
+    """/proc/<pid>/stat after the command name (so field 3, the state, is [0]); [] once the
+    process is gone (or off Linux)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
+def command_line(pid: int) -> str:
+    """The process's command line with spaces between arguments; '' once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
 def running(pid: int) -> bool:
     """The process exists and is not a zombie waiting for its reaper."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return False
-    return fields[0] != "Z"
+    fields = stat_fields(pid)
+    return bool(fields) and fields[0] != "Z"
 
 
 def start_time(pid: int) -> str | None:
     """The process's start time in clock ticks since boot (/proc/<pid>/stat field 22): with
     the pid, the identity of one process."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
+    fields = stat_fields(pid)
+    return fields[19] if len(fields) > 19 else None
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time the process has used so far (stat fields 14-15); 0 once gone."""
+    fields = stat_fields(pid)
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK") if fields else 0.0
 
 
 def terminate(pids: list[int], grace: float = 5.0) -> None:

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from fedapps.deploy import SuperNode, run_federation
 from fedapps.launcher import run_experiment
-from fedapps.processes import child_map, descendants
+from fedapps.processes import child_map, command_line, cpu_seconds, descendants
 
 CLIENTAPP_MARKERS = ("flwr-clientapp", "fedapps.warm_clientapp")
 STARTUP_PROBE = """
@@ -86,11 +86,7 @@ def memory_kb(pid: int) -> tuple[int, int]:
 
 
 def is_clientapp(pid: int) -> bool:
-    try:
-        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return False
-    return any(m in cmd for m in CLIENTAPP_MARKERS)
+    return any(m in command_line(pid) for m in CLIENTAPP_MARKERS)
 
 
 class TreeSampler:
@@ -121,45 +117,39 @@ class TreeSampler:
             time.sleep(self.period)
 
 
+# Ray's workers name themselves `ray::<task>`; its services are raylet, gcs_server and
+# scripts under ray/_private
 CPU_KINDS = (("clientapp", CLIENTAPP_MARKERS), ("superexec", ("flower-superexec",)),
              ("supernode", ("flower-supernode",)), ("superlink", ("flower-superlink",)),
-             ("serverapp", ("flwr-serverapp",)), ("ray", ("ray", "raylet", "gcs_server")))
+             ("serverapp", ("flwr-serverapp",)),
+             ("ray", ("ray::", "raylet", "gcs_server", "ray/_private", "ray/dashboard")))
 
 
 def process_kind(pid: int) -> str:
     """Which part of the federation a process is, by its command line ('other' if none)."""
-    try:
-        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return "other"
+    cmd = command_line(pid)
     return next((kind for kind, marks in CPU_KINDS if any(m in cmd for m in marks)), "other")
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time a process has used so far (/proc/<pid>/stat fields 14-15)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class CpuSampler(threading.Thread):
     """CPU seconds used by each kind of process this benchmark started (SuperLink,
-    SuperNodes, ClientApps, ...), read from /proc every `period` seconds: a process's last
-    reading counts, so one that lived less than a period is missed (a lower bound)."""
+    SuperNodes, ClientApps, ...), read from /proc every `period` seconds while it runs. Only
+    CPU used after it was created counts (a process already running then, such as the
+    launcher's watchdog, starts from its reading at that moment); a process's last reading
+    counts, so one that lived less than a period is missed (a lower bound)."""
 
     def __init__(self, period: float = 0.5) -> None:
         super().__init__(daemon=True)
         self.period, self.stop = period, threading.Event()
+        self.before = {pid: cpu_seconds(pid) for pid in descendants(os.getpid())}
         self.last: dict[int, tuple[str, float]] = {}
 
     def run(self) -> None:
         while not self.stop.is_set():
             for pid in descendants(os.getpid()):
                 kind = self.last[pid][0] if pid in self.last else process_kind(pid)
-                used = cpu_seconds(pid)
-                if used:
+                used = cpu_seconds(pid) - self.before.get(pid, 0.0)
+                if used > 0:
                     self.last[pid] = (kind, used)
             time.sleep(self.period)
 

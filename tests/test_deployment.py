@@ -10,6 +10,7 @@ import pytest
 
 from fedapps.deploy import run_federation
 from fedapps.launcher import descendants, run_experiment
+from fedapps.processes import command_line
 
 pytestmark = pytest.mark.integration
 
@@ -18,13 +19,6 @@ QUIET = lambda line: False  # noqa: E731 - keep test output short
 
 def rounds(run_dir):
     return json.loads((run_dir / "results.json").read_text())["rounds"]
-
-
-def command_line(pid):
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return ""
 
 
 def watch_clientapps(seen):
@@ -189,7 +183,6 @@ def test_tls_and_node_authentication(tmp_path):
     def intruder(nodes):
         # a node whose key was never registered tries to join the same federation
         from importlib.util import module_from_spec, spec_from_file_location
-        from pathlib import Path
 
         spec = spec_from_file_location("mc", Path(__file__).parents[1] / "deploy" / "make_certs.py")
         mc = module_from_spec(spec)
