@@ -28,6 +28,11 @@ COLD_HELP = ("Flower's default isolation: a fresh ClientApp process per message 
              "start-up each) instead of one long-running ClientApp process per node")
 
 
+PULL_HELP = ("SECONDS: the SuperNode pulls for work this often while idle instead of Flower's "
+             "3 s (its loop patched in this process, flwr 1.41-1.42 only; more pulls on the "
+             "SuperLink; fedapps/quick_supernode.py). 0.5 suits a LAN")
+
+
 RAY_HELP = ("run the simulated clients on an existing Ray cluster (the head's address, as "
             "`ray start --head` prints it) instead of a Ray started on this machine")
 
@@ -63,6 +68,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, Any]:
     d.add_argument("--verbose", action="store_true", help="show Flower's whole log")
     d.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     d.add_argument("--cold", action="store_true", help=COLD_HELP)
+    d.add_argument("--pull-interval", type=float, default=None, metavar="SECONDS",
+                   help=PULL_HELP)
     n = sub.add_parser("node", help="start one SuperNode for this app (e.g. on a Jetson)")
     n.add_argument("--superlink", required=True, help="SuperLink Fleet address host:port")
     n.add_argument("--partition-id", type=int, required=True,
@@ -81,6 +88,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, Any]:
     n.add_argument("--auth-key", default=None, help="this node's private key (node auth)")
     n.add_argument("--check-only", action="store_true", help="validate and exit")
     n.add_argument("--cold", action="store_true", help=COLD_HELP)
+    n.add_argument("--pull-interval", type=float, default=None, metavar="SECONDS",
+                   help=PULL_HELP)
     n.add_argument("--runtime-port", type=int, default=9094,
                    help="local port of the SuperNode's Runtime API (default 9094)")
     r = sub.add_parser("resume", help="continue a stopped run from its checkpoint")
@@ -199,6 +208,10 @@ def _report(status: str, out: Path) -> int:
 def _deploy_local(args: argparse.Namespace) -> int:
     from fedapps.deploy import check_tls_folder, run_federation
 
+    if args.pull_interval is not None:
+        from fedapps.quick_supernode import check
+
+        check(args.pull_interval)
     cfg, out, n = _named_run(args)
     if args.tls:
         check_tls_folder(Path(args.tls).resolve(), n)
@@ -208,7 +221,7 @@ def _deploy_local(args: argparse.Namespace) -> int:
     status = run_federation(cfg.experiment, args.overrides, n, out, data_root=data_root(cfg),
                             state_root=state,
                             secure=Path(args.tls).resolve() if args.tls else None,
-                            warm=not args.cold,
+                            warm=not args.cold, pull_interval=args.pull_interval,
                             show=(lambda line: True) if args.verbose else _show,
                             mode=_mode(args))
     return _report(status, out)
@@ -221,8 +234,17 @@ def _node(args: argparse.Namespace) -> int:
     import shutil
     import subprocess
 
-    from fedapps.deploy import check_node_settings, node_config, warm_clientapp_command
+    from fedapps.deploy import (
+        check_node_settings,
+        node_config,
+        supernode_command,
+        warm_clientapp_command,
+    )
 
+    if args.pull_interval is not None:
+        from fedapps.quick_supernode import check
+
+        check(args.pull_interval)
     check_node_settings(args.superlink, args.partition_id, args.num_partitions,
                         args.data_root, args.dataset, tls=args.root_certificates is not None)
     if args.check_only:
@@ -232,18 +254,20 @@ def _node(args: argparse.Namespace) -> int:
     config = node_config(args.partition_id, args.num_partitions,
                          Path(args.data_root).resolve() if args.data_root else None,
                          Path(args.state_dir).resolve() if args.state_dir else None, extra)
-    cmd = ["flower-supernode", "--superlink", args.superlink, "--node-config", config]
-    cmd += (["--root-certificates", args.root_certificates] if args.root_certificates
-            else ["--insecure"])
+    flags = ["--superlink", args.superlink, "--node-config", config]
+    flags += (["--root-certificates", args.root_certificates] if args.root_certificates
+              else ["--insecure"])
     if args.auth_key:
-        cmd += ["--auth-supernode-private-key", args.auth_key]
-    cmd += ["--port", str(args.runtime_port),
-            "--isolation", "subprocess" if args.cold else "process"]
-    exe = shutil.which("flower-supernode")
+        flags += ["--auth-supernode-private-key", args.auth_key]
+    flags += ["--port", str(args.runtime_port),
+              "--isolation", "subprocess" if args.cold else "process"]
+    cmd = supernode_command(flags, args.pull_interval)
+    exe = shutil.which(cmd[0]) if args.pull_interval is None else cmd[0]
     if exe is None:
         raise ConfigError("flower-supernode not found: install this project (pip install -e .)")
     if not args.cold:
-        subprocess.Popen(warm_clientapp_command(args.runtime_port, os.getpid()))
+        subprocess.Popen(warm_clientapp_command(args.runtime_port, os.getpid(),
+                                                args.pull_interval))
     os.execv(exe, cmd)
     return 0  # not reached
 

@@ -42,21 +42,36 @@ def node_config(partition_id: int, num_partitions: int, data_root: Path | None,
     return " ".join(f"{k}={v}" for k, v in items.items())
 
 
-def warm_clientapp_command(runtime_port: int, supernode_pid: int) -> list[str]:
-    """The long-running ClientApp process beside a `--isolation process` SuperNode."""
-    return [sys.executable, "-m", "fedapps.warm_clientapp", "--runtime-api-address",
-            f"127.0.0.1:{runtime_port}", "--parent-pid", str(supernode_pid)]
+def warm_clientapp_command(runtime_port: int, supernode_pid: int,
+                           poll_max: float | None = None) -> list[str]:
+    """The long-running ClientApp process beside a `--isolation process` SuperNode;
+    `poll_max`: its longest wait between polls while idle (default 1 s)."""
+    cmd = [sys.executable, "-m", "fedapps.warm_clientapp", "--runtime-api-address",
+           f"127.0.0.1:{runtime_port}", "--parent-pid", str(supernode_pid)]
+    return cmd + (["--poll-max", f"{poll_max:g}"] if poll_max else [])
+
+
+def supernode_command(args: Sequence[str], pull_interval: float | None) -> list[str]:
+    """`flower-supernode ARGS`, or with `pull_interval` Flower's SuperNode with a shorter idle
+    pull (fedapps/quick_supernode.py)."""
+    if pull_interval is None:
+        return ["flower-supernode", *args]
+    from fedapps.quick_supernode import command
+
+    return command(pull_interval, list(args))
 
 
 class SuperNode:
     """One `flower-supernode` process in its own process group; with `warm` (the default) it
     runs with `--isolation process` beside one long-running ClientApp process (stopped with
     it, and exiting by itself when the SuperNode is gone), otherwise Flower starts a ClientApp
-    process per message."""
+    process per message. `pull_interval`: see fedapps/quick_supernode.py (None: Flower's 3 s)."""
 
     def __init__(self, link: LocalSuperLink, index: int, config: str,
-                 extra_args: Sequence[str] = (), warm: bool = True) -> None:
+                 extra_args: Sequence[str] = (), warm: bool = True,
+                 pull_interval: float | None = None) -> None:
         self.link, self.index, self.config, self.warm = link, index, config, warm
+        self.pull_interval = pull_interval
         self.extra_args = list(extra_args) or ["--insecure"]
         self.log_path = link.workdir / f"supernode-{index}.log"
         self.process: subprocess.Popen | None = None
@@ -64,9 +79,10 @@ class SuperNode:
 
     def start(self) -> SuperNode:
         port = free_port()
-        cmd = ["flower-supernode", *self.extra_args, "--superlink", self.link.address,
-               "--port", str(port), "--node-config", self.config,
-               "--isolation", "process" if self.warm else "subprocess"]
+        cmd = supernode_command([*self.extra_args, "--superlink", self.link.address,
+                                 "--port", str(port), "--node-config", self.config,
+                                 "--isolation", "process" if self.warm else "subprocess"],
+                                self.pull_interval)
         env = self.link.env()
         env["FLWR_HOME"] = str(self.link.workdir / f"node-home-{self.index}")
         with open(self.log_path, "ab") as log_file:
@@ -75,7 +91,8 @@ class SuperNode:
             if self.warm:
                 try:
                     self.worker = subprocess.Popen(
-                        warm_clientapp_command(port, self.process.pid), env=env,
+                        warm_clientapp_command(port, self.process.pid, self.pull_interval),
+                        env=env,
                         stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
                 except OSError:
                     stop_group(self.process, signal.SIGTERM, 10.0)  # never leave it behind
@@ -124,6 +141,7 @@ def run_federation(
     secure: Path | None = None,
     mode: str = rundir.NEW,
     warm: bool = True,
+    pull_interval: float | None = None,
 ) -> str:
     """Start a SuperLink and `num_nodes` SuperNodes, run the app, stop everything.
 
@@ -133,13 +151,16 @@ def run_federation(
     it to kill and restart nodes). The run directory is claimed as in `fedapps run` (`mode`:
     what to do with a run already there, fedapps/rundir.py). `warm`: one long-running ClientApp
     process per node (fedapps/warm_clientapp.py) instead of Flower's process per message.
+    `pull_interval`: the SuperNodes' idle pull in seconds (fedapps/quick_supernode.py; None:
+    Flower's own 3 s); with `warm`, also the ClientApps' longest wait between polls.
     Returns the SuperLink's final run status."""
     with rundir.claim(run_dir, mode) as run_id:
         run_config = {"experiment": experiment, "overrides": shlex.join(overrides),
                       "output-dir": str(run_dir.parent), "run-name": run_dir.name,
                       "run-id": run_id}
         return _federate(run_config, num_nodes, data_root, state_root, node_extra,
-                         superlink_args, supernode_args, connection, show, during, secure, warm)
+                         superlink_args, supernode_args, connection, show, during, secure, warm,
+                         pull_interval)
 
 
 def _federate(run_config: dict[str, str], num_nodes: int, data_root: Path | None,
@@ -147,7 +168,7 @@ def _federate(run_config: dict[str, str], num_nodes: int, data_root: Path | None
               superlink_args: Sequence[str], supernode_args: Sequence[str],
               connection: dict[str, object] | None, show: Callable[[str], bool],
               during: Callable[[list[SuperNode]], None] | None, secure: Path | None,
-              warm: bool) -> str:
+              warm: bool, pull_interval: float | None) -> str:
     """run_federation's work once the run directory is claimed."""
     import threading
 
@@ -167,7 +188,8 @@ def _federate(run_config: dict[str, str], num_nodes: int, data_root: Path | None
                     supernode_args = tls_supernode(secure, i)
                 state_dir = state_root / f"node-{i}" if state_root else None
                 cfg = node_config(i, num_nodes, data_root, state_dir, (node_extra or {}).get(i))
-                nodes.append(SuperNode(link, i, cfg, supernode_args, warm).start())
+                nodes.append(SuperNode(link, i, cfg, supernode_args, warm,
+                                       pull_interval).start())
             worker = threading.Thread(target=during, args=(nodes,), daemon=True) if during \
                 else None
             if worker:

@@ -140,8 +140,9 @@ def runtime_client(address: str, insecure: bool, certificates: bytes | None,
 
 
 def serve(address: str, insecure: bool = True, root_certificates: str | None = None,
-          parent_pid: int | None = None) -> None:
-    """Take this SuperNode's ClientApp tasks and run them here, until the SuperNode exits."""
+          parent_pid: int | None = None, poll_max: float = POLL_MAX_SECONDS) -> None:
+    """Take this SuperNode's ClientApp tasks and run them here, until the SuperNode exits;
+    `poll_max`: the longest wait between polls while idle."""
     import torch  # noqa: F401 - the expensive imports, once and before the first message
     from flwr.proto.runtime_pb2 import AcquireTaskRequest
     from flwr.supercore import log
@@ -167,9 +168,9 @@ def serve(address: str, insecure: bool = True, root_certificates: str | None = N
                     continue
             except Exception as ex:  # noqa: BLE001 - one failed task must not end the node
                 log(ERROR, "[warm-clientapp] %s: %s", type(ex).__name__, ex)
-                wait = POLL_MAX_SECONDS
+                wait = poll_max
             time.sleep(wait)
-            wait = min(2 * wait, POLL_MAX_SECONDS)
+            wait = min(2 * wait, poll_max)
     except KeyboardInterrupt:
         pass
     finally:
@@ -185,9 +186,15 @@ def main(argv: list[str] | None = None) -> None:
                    help="CA of a TLS Runtime API (default: plain HTTP on loopback)")
     p.add_argument("--parent-pid", type=int, default=None,
                    help="exit when this process (the SuperNode) is gone")
+    p.add_argument("--poll-max", type=float, default=POLL_MAX_SECONDS,
+                   help=f"longest wait between polls while idle (default {POLL_MAX_SECONDS:g} s;"
+                        " a quick SuperNode passes its --pull-interval)")
     args = p.parse_args(argv)
+    if not args.poll_max >= POLL_FIRST_SECONDS:
+        p.error(f"--poll-max {args.poll_max}: must be at least {POLL_FIRST_SECONDS} s")
     serve(args.runtime_api_address, insecure=args.root_certificates is None,
-          root_certificates=args.root_certificates, parent_pid=args.parent_pid)
+          root_certificates=args.root_certificates, parent_pid=args.parent_pid,
+          poll_max=args.poll_max)
 
 
 if __name__ == "__main__":

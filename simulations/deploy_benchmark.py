@@ -1,8 +1,10 @@
 """Deployment against simulation, side by side in one invocation (docs/PERFORMANCE.md).
 
-Runs the same experiment three times: as a Flower simulation (`fedapps run`), as a real
-deployment with Flower's default ClientApp process per message (`deploy-local --cold`) and
-with one long-running ClientApp process per SuperNode (`deploy-local`). While a deployment
+Runs the same experiment as a Flower simulation (`fedapps run`), as a real deployment with
+Flower's default ClientApp process per message (`deploy-local --cold`), with one long-running
+ClientApp process per SuperNode (`deploy-local`), and (mode `deploy_quick`) the same with
+SuperNodes that pull every `--pull-interval` seconds while idle (`deploy-local
+--pull-interval`). While a deployment
 runs, every SuperNode's process tree (SuperNode, Flower's SuperExec and ClientApp processes, or
 the warm ClientApp process) is sampled from /proc: peak resident memory (RSS, and PSS, which
 splits pages shared between processes) of the tree and of its largest ClientApp process; and
@@ -120,8 +122,8 @@ class TreeSampler:
 # Ray's workers name themselves `ray::<task>`; its services are raylet, gcs_server and
 # scripts under ray/_private
 CPU_KINDS = (("clientapp", CLIENTAPP_MARKERS), ("superexec", ("flower-superexec",)),
-             ("supernode", ("flower-supernode",)), ("superlink", ("flower-superlink",)),
-             ("serverapp", ("flwr-serverapp",)),
+             ("supernode", ("flower-supernode", "fedapps.quick_supernode")),
+             ("superlink", ("flower-superlink",)), ("serverapp", ("flwr-serverapp",)),
              ("ray", ("ray::", "raylet", "gcs_server", "ray/_private", "ray/dashboard")))
 
 
@@ -197,7 +199,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--set", dest="overrides", action="append", default=None)
     p.add_argument("--out", type=Path, default=Path("outputs/deploy-benchmark"))
     p.add_argument("--modes", default="simulation,deploy_warm,deploy_cold",
-                   help="which runs (the code before the warm ClientApp has only the first two)")
+                   help="which runs, of simulation, deploy_warm, deploy_cold, deploy_quick (the "
+                        "code before the warm ClientApp has only the first two)")
+    p.add_argument("--pull-interval", type=float, default=0.5,
+                   help="deploy_quick's SuperNode idle pull in seconds (default 0.5)")
     p.add_argument("--probe-only", action="store_true",
                    help="only the fresh-interpreter probe (runs with the fedapps on PYTHONPATH)")
     p.add_argument("--python", default=sys.executable,
@@ -228,8 +233,10 @@ def main(argv: list[str] | None = None) -> int:
         cpu.start()
         t = time.perf_counter()
         # the code before the warm ClientApp has no `warm` (and is always cold)
-        mode = {"warm": name == "deploy_warm"} \
+        mode = {"warm": name in ("deploy_warm", "deploy_quick")} \
             if "warm" in inspect.signature(run_federation).parameters else {}
+        if name == "deploy_quick":
+            mode["pull_interval"] = args.pull_interval
         status = run_federation(args.experiment, sets, n, args.out / name, show=quiet,
                                 state_root=args.out / f"{name}-state", during=sampler, **mode)
         sampler.stop.set()

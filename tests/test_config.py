@@ -336,9 +336,14 @@ def _broken_setups(tmp):
      "--seeds 0: must be >= 1 (runs seeds 0..N-1)"),
     (["node", "--superlink", "127.0.0.1:9", "--partition-id", "0", "--num-partitions", "0"],
      "--num-partitions=0: must be >= 1"),
+    (["node", "--superlink", "127.0.0.1:9", "--partition-id", "0", "--num-partitions", "2",
+      "--pull-interval", "9"], "--pull-interval 9: must be > 0 and at most Flower's own 3 s"),
+    (["deploy-local", "quickstart", "--pull-interval", "0", "--set",
+      "output.output-dir={tmp}/out"],
+     "--pull-interval 0: must be > 0 and at most Flower's own 3 s"),
 ], ids=["unwritable-output-dir", "truncated-checkpoint", "tls-too-few-node-keys",
         "run-name-dotdot", "run-name-slash", "fedrolex-model-name", "seeds-0",
-        "node-num-partitions-0"])
+        "node-num-partitions-0", "node-pull-interval-9", "deploy-pull-interval-0"])
 def test_cli_refuses_before_anything_starts(argv, message, tmp_path, capsys, nothing_starts):
     """Each used to fail 20-40 s in, inside Flower, with a traceback (or ran nothing and
     exited 0: `--seeds 0`; or silently ignored a key: fedrolex's model.name)."""

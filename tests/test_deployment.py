@@ -22,8 +22,10 @@ def rounds(run_dir):
 
 
 def watch_clientapps(seen):
-    """A `during` hook: collect every process that runs a ClientApp beside the nodes."""
+    """A `during` hook: collect every process that runs a ClientApp beside the nodes (and, under
+    "supernodes", the nodes' own command lines)."""
     def watch(nodes):
+        seen["supernodes"] = [command_line(node.process.pid) for node in nodes]
         while any(node.alive() for node in nodes):
             for node in nodes:
                 for pid in descendants(node.process.pid) + [node.worker.pid]:
@@ -63,15 +65,17 @@ def both(*hooks):
 
 def test_deployment_gives_the_simulation_numbers(tmp_path):
     # FedReb: FedAvg's path plus personal heads kept in node state (plain FedAvg deployments run
-    # in the fault and TLS tests below)
+    # in the fault and TLS tests below, on Flower's own SuperNode loop); quick SuperNodes here
     experiment = "fedreb-quick"
     sets = ["rounds=2", "federation.num-clients=3", "federation.fraction-fit=1.0"]
     sim, dep = tmp_path / "sim", tmp_path / "dep"
     seen = {}
     assert run_experiment(experiment, sets, 3, sim, show=QUIET) == "finished:completed"
     assert run_federation(experiment, sets, 3, dep, state_root=tmp_path / "state",
-                          show=QUIET, during=both(watch_clientapps(seen), lock_link_state())
-                          ) == "finished:completed"  # the lock cannot stop a run
+                          show=QUIET, during=both(watch_clientapps(seen), lock_link_state()),
+                          pull_interval=0.5) == "finished:completed"  # the lock cannot stop it
+    assert all("fedapps.quick_supernode --pull-interval 0.5" in cmd
+               for cmd in seen.pop("supernodes"))
     # every message of a node ran in its one long-running ClientApp process (3 nodes x 5
     # messages would be 15 flwr-clientapp processes with Flower's default isolation)
     assert sorted(seen.values()) == ["warm"] * 3

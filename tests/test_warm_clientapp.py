@@ -58,3 +58,16 @@ def test_polls_back_off_while_idle_and_pick_tasks_up_within_a_second(monkeypatch
     # a task that follows soon after another is picked up quickly (the 5.65 s one, just
     # after the 5 s one): the fast polls restart after every task
     assert delays[2] <= 0.1
+
+
+def test_a_quick_nodes_clientapp_waits_at_most_its_poll_max(monkeypatch):
+    """Beside a quick SuperNode (--pull-interval 0.5) the idle wait stops at 0.5 s."""
+    clock = _Clock()
+    node = _SuperNode(clock, task_times=[0.0, 7.3], end=20.0)
+    monkeypatch.setattr(warm.time, "sleep", clock.sleep)
+    monkeypatch.setattr(warm, "runtime_client", lambda *args, **kwargs: node)
+    monkeypatch.setattr(warm, "run_task", lambda *args: True)
+    warm.serve("127.0.0.1:9094", poll_max=0.5)
+    delays = [picked - ready for ready, picked in node.picked]
+    assert len(delays) == 2 and max(delays) <= 0.5
+    assert 20 / 0.5 <= node.polls <= 20 / 0.5 + 2 * 5  # idle at 0.5 s, not 1 s

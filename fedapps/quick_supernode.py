@@ -1,0 +1,122 @@
+"""`flower-supernode` with a shorter idle pull: opt-in (`--pull-interval`), for LAN clusters.
+
+Flower's SuperNode loop (flwr 1.41-1.42, `flwr.supernode.start_client_internal`) sleeps 3 s
+whenever a pull finds no message for it, and checks every 0.5 s whether its ClientApp has
+replied; neither has an option. Between a round's fit and evaluate steps every node's pull comes
+back empty, so each step starts on a node up to 3 s late, and the server waits for the latest
+of the round's nodes: measured at 20 SuperNodes, 5 a round, this is most of what a warm
+deployed round spends over the simulated one (docs/PERFORMANCE.md, "On a quiet machine").
+
+This entry runs Flower's own SuperNode with those two sleeps shortened (the 3 s one to
+`--pull-interval`, the 0.5 s ones to a tenth of it, at most 0.05 s) and nothing else changed.
+The cost is more pulls: one per node every `--pull-interval` seconds while idle, which the
+SuperLink answers (its CPU is in the benchmark's table). It replaces the module's `time` name
+with a wrapper, so it refuses to run on a Flower whose loop it does not recognise rather than
+change something else:
+
+    python -m fedapps.quick_supernode --pull-interval 0.5 <flower-supernode arguments>
+
+`fedapps node --pull-interval S` and `fedapps deploy-local --pull-interval S` start it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import inspect
+import re
+import sys
+import time
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+from fedapps.errors import ConfigError
+
+FLOWER_IDLE_PULL_SECONDS = 3.0  # time.sleep(3) after an empty pull
+FLOWER_REPLY_CHECK_SECONDS = 0.5  # time.sleep(0.5) while the ClientApp's reply is not ready
+# The sleeps of the loop as Flower 1.41-1.42 writes them, in order; anything else is refused.
+KNOWN_SLEEPS = ["3", "0.5", "0.5"]
+
+
+class QuickSleeps:
+    """Stands in for the `time` module inside Flower's SuperNode loop: the loop's two sleeps
+    are shortened, every other attribute is the real module's."""
+
+    def __init__(self, pull_interval: float, sleep: Callable[[float], None] = time.sleep
+                 ) -> None:
+        check_interval(pull_interval)
+        self.pull_interval = pull_interval
+        self.reply_check = min(FLOWER_REPLY_CHECK_SECONDS, pull_interval / 10, 0.05)
+        self._sleep = sleep
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+    def sleep(self, seconds: float) -> None:
+        if seconds == FLOWER_IDLE_PULL_SECONDS:
+            seconds = self.pull_interval
+        elif seconds == FLOWER_REPLY_CHECK_SECONDS:
+            seconds = self.reply_check
+        self._sleep(seconds)
+
+
+def check_interval(pull_interval: float) -> None:
+    if not 0 < pull_interval <= FLOWER_IDLE_PULL_SECONDS:
+        raise ConfigError(f"--pull-interval {pull_interval:g}: must be > 0 and at most "
+                          f"Flower's own {FLOWER_IDLE_PULL_SECONDS:g} s")
+
+
+def flower_loop() -> ModuleType:
+    return importlib.import_module("flwr.supernode.start_client_internal")
+
+
+def check(pull_interval: float) -> None:
+    """What `install` would refuse, as a ConfigError, before any process starts."""
+    check_interval(pull_interval)
+    check_loop(flower_loop())
+
+
+def check_loop(module: ModuleType) -> None:
+    """Refuse a SuperNode loop other than the one this entry was written against."""
+    import flwr
+
+    sleeps = re.findall(r"\btime\.sleep\(([^)]*)\)", inspect.getsource(module))
+    if sleeps != KNOWN_SLEEPS or getattr(module, "time", None) is not time:
+        raise ConfigError(
+            f"--pull-interval: flwr {flwr.__version__}'s SuperNode loop is not the one this "
+            f"option shortens (flwr 1.41-1.42: sleeps {KNOWN_SLEEPS} in {module.__name__}, "
+            f"found {sleeps}); run without --pull-interval")
+
+
+def install(pull_interval: float) -> QuickSleeps:
+    """Shorten the sleeps of Flower's SuperNode loop in this process."""
+    loop = flower_loop()
+    check_loop(loop)
+    quick = QuickSleeps(pull_interval)
+    loop.time = quick
+    return quick
+
+
+def command(pull_interval: float, supernode_args: list[str]) -> list[str]:
+    """The command line of a quick SuperNode with these `flower-supernode` arguments."""
+    return [sys.executable, "-m", "fedapps.quick_supernode", "--pull-interval",
+            f"{pull_interval:g}", *supernode_args]
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m fedapps.quick_supernode", add_help=False)
+    p.add_argument("--pull-interval", type=float, required=True)
+    args, rest = p.parse_known_args(argv)
+    try:
+        install(args.pull_interval)
+    except ConfigError as err:
+        sys.exit(f"fedapps: {err}")
+    from flwr.supernode.cli import flower_supernode
+
+    sys.argv = ["flower-supernode", *rest]
+    flower_supernode()
+
+
+if __name__ == "__main__":
+    main()

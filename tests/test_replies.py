@@ -1,0 +1,103 @@
+"""Prompt replies: a deployed ServerApp sees each client's answer within 0.5 s (Flower's HttpGrid
+looks every 3 s), with the same replies as Flower's own send_and_receive."""
+
+from types import SimpleNamespace
+
+import pytest
+from flwr.server.compat.grid_client_proxy import GridClientProxy
+from flwr.superlink.grid import HttpGrid, InMemoryGrid
+
+from strategies.replies import PromptReplies, hasten
+
+
+def reply(to):
+    return SimpleNamespace(metadata=SimpleNamespace(reply_to_message_id=to))
+
+
+class ScriptedGrid:
+    """Pushed messages get ids m0, m1, ...; the k-th pull returns `script[k]`'s replies."""
+
+    def __init__(self, script):
+        self.script, self.pulls, self.pushed = list(script), 0, []
+
+    def push_messages(self, messages):
+        self.pushed.extend(messages)
+        return [f"m{i}" for i in range(len(self.pushed))]
+
+    def pull_messages(self, ids):
+        got = self.script[self.pulls] if self.pulls < len(self.script) else []
+        self.pulls += 1
+        return [reply(i) for i in got if i in ids]
+
+
+class Clock:
+    def __init__(self):
+        self.now, self.slept = 0.0, []
+
+    def sleep(self, seconds):
+        self.slept.append(seconds)
+        self.now += seconds
+
+    def __call__(self):
+        return self.now
+
+
+def test_replies_are_looked_for_on_a_short_doubling_schedule():
+    grid, clock = ScriptedGrid([[], [], [], [], [], ["m1"], [], ["m0"]]), Clock()
+    prompt = PromptReplies(grid, sleep=clock.sleep, clock=clock)
+    got = prompt.send_and_receive(["a", "b"])
+    assert [m.metadata.reply_to_message_id for m in got] == ["m1", "m0"]
+    assert clock.slept == pytest.approx([0.05, 0.1, 0.2, 0.4, 0.5, 0.5, 0.5])
+    assert grid.pushed == ["a", "b"] and grid.pulls == 8
+    # Flower's HttpGrid would have slept 3 s between these 8 pulls: 21 s against 2.25 s
+    assert clock.now == pytest.approx(2.25)
+
+
+def test_a_timeout_returns_the_replies_so_far():
+    grid, clock = ScriptedGrid([["m0"]]), Clock()
+    got = PromptReplies(grid, sleep=clock.sleep, clock=clock).send_and_receive(
+        ["a", "b"], timeout=2.0)
+    assert [m.metadata.reply_to_message_id for m in got] == ["m0"]
+    assert 2.0 <= clock.now <= 2.5
+
+
+@pytest.mark.parametrize("script", [[["m0", "m1"]], [[], ["m1"], [], [], ["m0"]],
+                                    [[], [], ["m2"], ["m0", "m1", "m2"]]])
+def test_same_replies_as_flowers_own_send_and_receive(script, monkeypatch):
+    """Flower's HttpGrid.send_and_receive run on the same scripted grid (its 3 s sleeps
+    skipped) returns the same replies in the same order."""
+    import flwr.superlink.grid.http_grid as http_grid
+
+    clock = Clock()
+    ours = PromptReplies(ScriptedGrid(script), sleep=clock.sleep, clock=clock)
+    monkeypatch.setattr(http_grid.time, "sleep", lambda s: None)
+    messages = ["a", "b", "c"][:len({i for pull in script for i in pull})]
+    theirs = HttpGrid.send_and_receive(ScriptedGrid(script), messages, timeout=60)
+    mine = ours.send_and_receive(messages, timeout=60)
+    ids = [[m.metadata.reply_to_message_id for m in r] for r in (mine, theirs)]
+    assert ids[0] == ids[1]
+
+
+def test_only_deployed_proxies_are_hastened_once_even_when_wrapped():
+    deployed = GridClientProxy(1, HttpGrid(token="t"), run_id=0)
+    wrapped = SimpleNamespace(inner=SimpleNamespace(inner=deployed))
+    hasten(wrapped)
+    assert isinstance(deployed.grid, PromptReplies)
+    first = deployed.grid
+    hasten(deployed)
+    assert deployed.grid is first  # not wrapped twice
+    simulated = GridClientProxy(2, InMemoryGrid.__new__(InMemoryGrid), run_id=0)
+    grid = simulated.grid
+    hasten(simulated)
+    assert simulated.grid is grid  # Flower's in-memory grid looks every 0.1 s already
+    hasten(SimpleNamespace(cid="x"))  # a test's proxy without a grid: nothing to do
+    hasten(object())  # nor one without attributes
+
+
+def test_prompt_replies_forward_the_rest_of_the_grid():
+    inner = SimpleNamespace(run="run", node="node", get_node_ids=lambda: [1, 2],
+                            set_run=lambda run: None,
+                            create_message=lambda *a, **k: ("msg", a, k))
+    prompt = PromptReplies(inner)
+    assert prompt.run == "run" and prompt.node == "node" and list(prompt.get_node_ids()) == [1, 2]
+    assert prompt.create_message(1, "train", 3, "") == ("msg", (1, "train", 3, ""), {})
