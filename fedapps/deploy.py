@@ -43,12 +43,17 @@ def node_config(partition_id: int, num_partitions: int, data_root: Path | None,
 
 
 def warm_clientapp_command(runtime_port: int, supernode_pid: int,
-                           poll_max: float | None = None) -> list[str]:
-    """The long-running ClientApp process beside a `--isolation process` SuperNode;
-    `poll_max`: its longest wait between polls while idle (default 1 s)."""
+                           pull_interval: float | None = None) -> list[str]:
+    """The long-running ClientApp process beside a `--isolation process` SuperNode; beside a
+    quick SuperNode (`pull_interval`) it waits at most that long between idle polls (never
+    longer than its own default, 1 s)."""
+    from fedapps.warm_clientapp import POLL_MAX_SECONDS
+
     cmd = [sys.executable, "-m", "fedapps.warm_clientapp", "--runtime-api-address",
            f"127.0.0.1:{runtime_port}", "--parent-pid", str(supernode_pid)]
-    return cmd + (["--poll-max", f"{poll_max:g}"] if poll_max else [])
+    if pull_interval is None or pull_interval >= POLL_MAX_SECONDS:
+        return cmd
+    return cmd + ["--poll-max", f"{pull_interval:g}"]
 
 
 def supernode_command(args: Sequence[str], pull_interval: float | None) -> list[str]:

@@ -54,6 +54,9 @@ class PromptReplies(Grid):
     def get_node_ids(self) -> Iterable[int]:
         return self.grid.get_node_ids()
 
+    def get_nodes(self):  # noqa: ANN201 - Grid has a concrete one; the wrapped grid's counts
+        return self.grid.get_nodes()
+
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
         return self.grid.push_messages(messages)
 

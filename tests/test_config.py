@@ -337,10 +337,10 @@ def _broken_setups(tmp):
     (["node", "--superlink", "127.0.0.1:9", "--partition-id", "0", "--num-partitions", "0"],
      "--num-partitions=0: must be >= 1"),
     (["node", "--superlink", "127.0.0.1:9", "--partition-id", "0", "--num-partitions", "2",
-      "--pull-interval", "9"], "--pull-interval 9: must be > 0 and at most Flower's own 3 s"),
+      "--pull-interval", "9"], "--pull-interval 9: must be from 0.05 s to Flower's own 3 s"),
     (["deploy-local", "quickstart", "--pull-interval", "0", "--set",
       "output.output-dir={tmp}/out"],
-     "--pull-interval 0: must be > 0 and at most Flower's own 3 s"),
+     "--pull-interval 0: must be from 0.05 s to Flower's own 3 s"),
 ], ids=["unwritable-output-dir", "truncated-checkpoint", "tls-too-few-node-keys",
         "run-name-dotdot", "run-name-slash", "fedrolex-model-name", "seeds-0",
         "node-num-partitions-0", "node-pull-interval-9", "deploy-pull-interval-0"])

@@ -23,9 +23,9 @@ def test_the_loops_sleeps_are_shortened_and_nothing_else():
     assert sleeps.time is time.time and sleeps.monotonic is time.monotonic  # the rest: time's
 
 
-@pytest.mark.parametrize("seconds", [0, -1, 3.5, float("nan")])
-def test_an_interval_outside_0_to_3_s_is_refused(seconds):
-    with pytest.raises(ConfigError, match="--pull-interval .*must be > 0 and at most "
+@pytest.mark.parametrize("seconds", [0, -1, 0.01, 3.5, float("nan")])
+def test_an_interval_outside_0_05_to_3_s_is_refused(seconds):
+    with pytest.raises(ConfigError, match="--pull-interval .*must be from 0.05 s to "
                                           "Flower's own 3 s"):
         quick.QuickSleeps(seconds)
 
@@ -65,7 +65,7 @@ def test_install_patches_only_the_loops_module(monkeypatch):
 def test_bad_interval_exits_before_flower_starts(capsys):
     with pytest.raises(SystemExit) as exit_:
         quick.main(["--pull-interval", "0", "--insecure"])
-    assert str(exit_.value) == "fedapps: --pull-interval 0: must be > 0 and at most Flower's " \
+    assert str(exit_.value) == "fedapps: --pull-interval 0: must be from 0.05 s to Flower's " \
                                "own 3 s"
 
 
@@ -76,3 +76,17 @@ def test_commands_of_a_quick_node():
                                             "--pull-interval", "0.5", *args]
     assert warm_clientapp_command(9094, 7)[-2:] == ["--parent-pid", "7"]
     assert warm_clientapp_command(9094, 7, 0.5)[-2:] == ["--poll-max", "0.5"]
+    # a pull interval above the ClientApp's own 1 s idle wait leaves that wait as it is
+    assert warm_clientapp_command(9094, 7, 2.0) == warm_clientapp_command(9094, 7)
+
+
+def test_unknown_short_options_pass_through_to_flower(monkeypatch):
+    """`--p` is not taken for --pull-interval (argparse's prefix matching is off)."""
+    passed = []
+    monkeypatch.setattr(quick, "install", lambda seconds: None)
+    import flwr.supernode.cli as flower_cli
+
+    monkeypatch.setattr(flower_cli, "flower_supernode", lambda: passed.append(list(sys.argv)))
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    quick.main(["--pull-interval", "0.5", "--p", "9", "--insecure"])
+    assert passed == [["flower-supernode", "--p", "9", "--insecure"]]

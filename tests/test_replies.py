@@ -66,11 +66,13 @@ def test_a_timeout_returns_the_replies_so_far():
 def test_same_replies_as_flowers_own_send_and_receive(script, monkeypatch):
     """Flower's HttpGrid.send_and_receive run on the same scripted grid (its 3 s sleeps
     skipped) returns the same replies in the same order."""
+    import time
+
     import flwr.superlink.grid.http_grid as http_grid
 
     clock = Clock()
     ours = PromptReplies(ScriptedGrid(script), sleep=clock.sleep, clock=clock)
-    monkeypatch.setattr(http_grid.time, "sleep", lambda s: None)
+    monkeypatch.setattr(http_grid, "time", SimpleNamespace(time=time.time, sleep=lambda s: None))
     messages = ["a", "b", "c"][:len({i for pull in script for i in pull})]
     theirs = HttpGrid.send_and_receive(ScriptedGrid(script), messages, timeout=60)
     mine = ours.send_and_receive(messages, timeout=60)
@@ -94,10 +96,28 @@ def test_only_deployed_proxies_are_hastened_once_even_when_wrapped():
     hasten(object())  # nor one without attributes
 
 
+def test_the_handshake_hastens_every_deployed_node():
+    """strategies/nodes.py asks each new node for its properties: from then on its proxy's
+    replies are looked for on the short schedule (one proxy object serves all later steps)."""
+    from flwr.common import Code, GetPropertiesRes, Status
+
+    from strategies.nodes import NodeDirectory
+
+    class Answering(GridClientProxy):
+        def get_properties(self, ins, timeout, group_id):
+            return GetPropertiesRes(Status(Code.OK, ""), {"partition-id": 0})
+
+    proxy = Answering(5, HttpGrid(token="t"), run_id=0)
+    NodeDirectory(num_clients=1, timeout=5)._ask([proxy], [5.0])
+    assert isinstance(proxy.grid, PromptReplies)
+
+
 def test_prompt_replies_forward_the_rest_of_the_grid():
     inner = SimpleNamespace(run="run", node="node", get_node_ids=lambda: [1, 2],
+                            get_nodes=lambda: ["n1", "n2"],
                             set_run=lambda run: None,
                             create_message=lambda *a, **k: ("msg", a, k))
     prompt = PromptReplies(inner)
     assert prompt.run == "run" and prompt.node == "node" and list(prompt.get_node_ids()) == [1, 2]
     assert prompt.create_message(1, "train", 3, "") == ("msg", (1, "train", 3, ""), {})
+    assert list(prompt.get_nodes()) == ["n1", "n2"]
