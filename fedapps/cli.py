@@ -28,9 +28,9 @@ COLD_HELP = ("Flower's default isolation: a fresh ClientApp process per message 
              "start-up each) instead of one long-running ClientApp process per node")
 
 
-PULL_HELP = ("SECONDS: the SuperNode pulls for work this often while idle instead of Flower's "
-             "3 s (its loop patched in this process, flwr 1.41-1.42 only; more pulls on the "
-             "SuperLink; fedapps/quick_supernode.py). 0.5 suits a LAN")
+PULL_HELP = ("SECONDS (0.05-3): the SuperNode pulls for work this often while idle instead of "
+             "Flower's 3 s (its loop patched in this process, flwr 1.41-1.42 only; more pulls "
+             "on the SuperLink; fedapps/quick_supernode.py, measured in docs/PERFORMANCE.md)")
 
 
 RAY_HELP = ("run the simulated clients on an existing Ray cluster (the head's address, as "
@@ -205,13 +205,19 @@ def _report(status: str, out: Path) -> int:
     return 0
 
 
-def _deploy_local(args: argparse.Namespace) -> int:
-    from fedapps.deploy import check_tls_folder, run_federation
-
+def _check_pull_interval(args: argparse.Namespace) -> None:
+    """A bad --pull-interval (or a Flower it cannot patch) is a one-line error before anything
+    starts."""
     if args.pull_interval is not None:
         from fedapps.quick_supernode import check
 
         check(args.pull_interval)
+
+
+def _deploy_local(args: argparse.Namespace) -> int:
+    from fedapps.deploy import check_tls_folder, run_federation
+
+    _check_pull_interval(args)
     cfg, out, n = _named_run(args)
     if args.tls:
         check_tls_folder(Path(args.tls).resolve(), n)
@@ -241,10 +247,7 @@ def _node(args: argparse.Namespace) -> int:
         warm_clientapp_command,
     )
 
-    if args.pull_interval is not None:
-        from fedapps.quick_supernode import check
-
-        check(args.pull_interval)
+    _check_pull_interval(args)
     check_node_settings(args.superlink, args.partition_id, args.num_partitions,
                         args.data_root, args.dataset, tls=args.root_certificates is not None)
     if args.check_only:

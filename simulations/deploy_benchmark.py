@@ -4,15 +4,14 @@ Runs the same experiment as a Flower simulation (`fedapps run`), as a real deplo
 Flower's default ClientApp process per message (`deploy-local --cold`), with one long-running
 ClientApp process per SuperNode (`deploy-local`), and (mode `deploy_quick`) the same with
 SuperNodes that pull every `--pull-interval` seconds while idle (`deploy-local
---pull-interval`). While a deployment
-runs, every SuperNode's process tree (SuperNode, Flower's SuperExec and ClientApp processes, or
-the warm ClientApp process) is sampled from /proc: peak resident memory (RSS, and PSS, which
-splits pages shared between processes) of the tree and of its largest ClientApp process; and
-the CPU seconds every process of a run used, by kind (SuperLink, SuperNodes, ClientApps, Ray
-workers, ...). A fresh interpreter also times what each cold message pays before training
-(imports + data) and one fit, with the peak RSS after each stage (and whether the fit imported
-torch._dynamo); `--python` runs that probe under another environment's interpreter (the lean
-node install of deploy/README.md).
+--pull-interval`). While a deployment runs, every SuperNode's process tree (SuperNode, Flower's
+SuperExec and ClientApp processes, or the warm ClientApp process) is sampled from /proc: peak
+resident memory (RSS, and PSS, which splits pages shared between processes) of the tree and of
+its largest ClientApp process; and the CPU seconds every process of a run used, by kind
+(SuperLink, SuperNodes, ClientApps, Ray workers, ...). A fresh interpreter also times what each
+cold message pays before training (imports + data) and one fit, with the peak RSS after each
+stage (and whether the fit imported torch._dynamo); `--python` runs that probe under another
+environment's interpreter (the lean node install of deploy/README.md).
 
     FEDAPPS_DATA_ROOT=../shared/data python -m simulations.deploy_benchmark --out DIR
 """
