@@ -7,6 +7,7 @@ Data is loaded and partitioned once per process and kept in memory.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -22,10 +23,12 @@ from fedapps.errors import ConfigError
 from fedapps.registry import ALGORITHMS, algo_settings
 from fedapps.rundir import check_run_id
 from fedapps.runtime import config_from_run, dataset_task, select_device, train_settings
+from fedapps.timing import client_timing
 
 
 def client_fn(context: Context) -> Client:
     """Build this node's client for one message (Flower calls it per message)."""
+    made = time.time(), time.perf_counter()  # the message's client time starts here
     cfg = config_from_run(context.run_config)
     node = context.node_config
     if "partition-id" not in node:
@@ -54,7 +57,7 @@ def client_fn(context: Context) -> Client:
     if node.get("fault"):  # test deployments only (clients/faulty.py)
         return FaultyClient(build(), str(node["fault"]), float(node.get("fault-seconds", 3600)),
                             int(node.get("fault-from-round", 1))).to_client()
-    return DeferredClient(pid, local, build).to_client()
+    return DeferredClient(pid, local, build, made).to_client()
 
 
 class DeferredClient(NumPyClient):
@@ -63,8 +66,10 @@ class DeferredClient(NumPyClient):
     the data, that handshake costs no model construction, which with thousands of simulated
     nodes was most of the start-up (docs/PERFORMANCE.md, "Large federations")."""
 
-    def __init__(self, partition_id: int, data: Any, build: Callable[[], NumPyClient]) -> None:
+    def __init__(self, partition_id: int, data: Any, build: Callable[[], NumPyClient],
+                 made: tuple[float, float] | None = None) -> None:
         self.partition_id, self.data, self.build = partition_id, data, build
+        self.made = made  # (time.time(), perf_counter()) when client_fn began, for timing
         self.built: NumPyClient | None = None
 
     def client(self) -> NumPyClient:
@@ -79,10 +84,16 @@ class DeferredClient(NumPyClient):
         return self.client().get_parameters(config)
 
     def fit(self, parameters: Any, config: dict[str, Any]) -> Any:
-        return self.client().fit(parameters, config)
+        """The client's answer, saying when this message's client work began (client_fn) and
+        how long it took: the server splits each message's time with it (fedapps/timing.py)."""
+        wall, started = self.made or (time.time(), time.perf_counter())
+        arrays, n, metrics = self.client().fit(parameters, config)
+        return arrays, n, {**metrics, **client_timing(wall, started)}
 
     def evaluate(self, parameters: Any, config: dict[str, Any]) -> Any:
-        return self.client().evaluate(parameters, config)
+        wall, started = self.made or (time.time(), time.perf_counter())
+        loss, n, metrics = self.client().evaluate(parameters, config)
+        return loss, n, {**metrics, **client_timing(wall, started)}
 
 
 def client_state_dir(node: Mapping[str, Any], run_config: Mapping[str, Any], cfg,

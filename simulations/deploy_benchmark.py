@@ -8,10 +8,12 @@ SuperNodes that pull every `--pull-interval` seconds while idle (`deploy-local
 SuperExec and ClientApp processes, or the warm ClientApp process) is sampled from /proc: peak
 resident memory (RSS, and PSS, which splits pages shared between processes) of the tree and of
 its largest ClientApp process; and the CPU seconds every process of a run used, by kind
-(SuperLink, SuperNodes, ClientApps, Ray workers, ...). A fresh interpreter also times what each
-cold message pays before training (imports + data) and one fit, with the peak RSS after each
-stage (and whether the fit imported torch._dynamo); `--python` runs that probe under another
-environment's interpreter (the lean node install of deploy/README.md).
+(SuperLink, SuperNodes, ClientApps, Ray workers, ...). Each run's steady rounds also say where
+each message's time went (results.json `timing`: in the client, or on the way there and back;
+fedapps/timing.py). A fresh interpreter also times what each cold message pays before
+training (imports + data) and one fit, with the peak RSS after each stage (and whether the
+fit imported torch._dynamo); `--python` runs that probe under another environment's
+interpreter (the lean node install of deploy/README.md).
 
     FEDAPPS_DATA_ROOT=../shared/data python -m simulations.deploy_benchmark --out DIR
 """
@@ -176,6 +178,11 @@ def round_stats(run_dir: Path) -> dict:
         "bytes_per_round": rounds[-1]["bytes_down"] + rounds[-1]["bytes_up"]
         + rounds[-1]["bytes_down_eval"],
         "global_accuracy": [r["global_accuracy"] for r in rounds],
+        # each part's median over the steady rounds, per phase (fedapps/timing.py)
+        "timing": {phase: {key: statistics.median(r["timing"][phase][key] for r in steady)
+                           for key in steady[0]["timing"][phase]}
+                   for phase in steady[0].get("timing", {})
+                   if all(phase in r.get("timing", {}) for r in steady)},
     }
 
 

@@ -36,6 +36,7 @@ from fedapps.checkpoint import Snapshot
 from fedapps.evaluation import reduce_evaluations
 from fedapps.settings import AlgoSettings
 from fedapps.tasks import TASKS, Task
+from fedapps.timing import TIMING_KEYS
 from strategies import uploads
 from strategies.aggregation import weighted_average
 from strategies.nodes import NodeDirectory, NodeFacts
@@ -290,12 +291,13 @@ class BaseStrategy(Strategy):
         results: list[tuple[ClientProxy, FitRes]],
         failures: list[tuple[ClientProxy, FitRes] | BaseException],
     ) -> tuple[Parameters | None, dict[str, Scalar]]:
-        self.waiting.end()
+        timings = self.waiting.end()
         r, step = self.position(server_round)
         plan = self.current_plan
         if plan is None or (plan.round, plan.step) != (r, step):
             raise RuntimeError(f"round {r} step {step}: answers arrived without a plan")
         rlog = self.round_log(r)
+        rlog.add_timings("fit", timings)
         uploads: list[Upload] = []
         for proxy, res in results:
             sender = self.nodes.facts_of(proxy)
@@ -310,7 +312,8 @@ class BaseStrategy(Strategy):
             if isinstance(checked, Upload):
                 uploads.append(checked)
                 rlog.fit_metrics[checked.partition_id] = {
-                    k: v for k, v in checked.metrics.items() if k != "partition-id"}
+                    k: v for k, v in checked.metrics.items()
+                    if k != "partition-id" and k not in TIMING_KEYS}
             else:
                 rlog.rejected += 1
                 rlog.failure_reasons.append(checked)
@@ -380,8 +383,9 @@ class BaseStrategy(Strategy):
         results: list[tuple[ClientProxy, EvaluateRes]],
         failures: list[tuple[ClientProxy, EvaluateRes] | BaseException],
     ) -> tuple[float | None, dict[str, Scalar]]:
-        self.waiting.end()
+        timings = self.waiting.end()
         r, _ = self.position(server_round)
+        self.round_log(r).add_timings("evaluate", timings)
         metrics = self.evaluation_metrics([res for _, res in results],
                                           [self.nodes.facts_of(p) for p, _ in results])
         metrics["eval_failures"] = len(failures)

@@ -11,6 +11,7 @@ from typing import Any
 from flwr.common import Scalar
 
 from fedapps.metrics import PERCENT_METRICS
+from fedapps.timing import summarize
 
 # Traffic counters of a round, all in bytes of serialized arrays (config and metric scalars,
 # a few hundred bytes per message, are not counted).
@@ -38,9 +39,15 @@ class RoundLog:
     central: dict[str, float] = field(default_factory=dict)
     failure_reasons: list[str] = field(default_factory=list)
     eval_expected: list[int] | None = None  # who must evaluate for a complete G (contract)
+    # per phase ("fit": every step's training and cross-evaluation messages, "evaluate"), one
+    # [round trip, client, outside, delivery, reply] per answer (fedapps/timing.py)
+    timings: dict[str, list[list[float]]] = field(default_factory=dict)
 
     def add_clients(self, partition_ids: list[int]) -> None:
         self.fit_clients = sorted(set(self.fit_clients) | set(partition_ids))
+
+    def add_timings(self, phase: str, timings: list[list[float]]) -> None:
+        self.timings.setdefault(phase, []).extend(timings)
 
     def to_json(self) -> str:
         """The open round for a mid-round checkpoint (time as seconds already spent)."""
@@ -95,6 +102,7 @@ def round_record(rlog: RoundLog, metrics: dict[str, Any], metric: str = "accurac
         "rejected_updates": rlog.rejected,
         "failure_reasons": rlog.failure_reasons,
         "client_fit_metrics": {str(k): v for k, v in sorted(rlog.fit_metrics.items())},
+        "timing": {phase: summarize(t) for phase, t in rlog.timings.items() if t},
         **rlog.central,
         **metrics,
     }

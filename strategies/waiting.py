@@ -7,7 +7,8 @@ receives it, and a daemon thread logs
 
     [fedapps] round 3: waiting for 1 of 5 clients (partition 4), 30s so far, timeout 600s
 
-until the step's answers reach the strategy.
+until the step's answers reach the strategy. The same wrapper notes when each message was sent
+and when its answer came back, for the step's timing (fedapps/timing.py).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from typing import Any, TypeVar
 
 from flwr.common import log
 from flwr.server.client_proxy import ClientProxy
+
+from fedapps.timing import message_timing
 
 Ins = TypeVar("Ins")
 WAIT_REPORT_SECONDS = 30.0
@@ -54,14 +57,17 @@ class TrackedProxy(ClientProxy):
         return self.inner.get_parameters(ins, timeout, group_id)
 
     def fit(self, ins, timeout, group_id):  # noqa: ANN001, ANN201
-        try:
-            return self.inner.fit(ins, timeout=timeout, group_id=group_id)
-        finally:
-            self.step.answered(self.partition_id)
+        return self._timed(self.inner.fit, ins, timeout, group_id)
 
     def evaluate(self, ins, timeout, group_id):  # noqa: ANN001, ANN201
+        return self._timed(self.inner.evaluate, ins, timeout, group_id)
+
+    def _timed(self, call, ins, timeout, group_id):  # noqa: ANN001, ANN202
+        sent = time.time()
         try:
-            return self.inner.evaluate(ins, timeout=timeout, group_id=group_id)
+            res = call(ins, timeout=timeout, group_id=group_id)
+            self.step.timed(message_timing(sent, time.time(), getattr(res, "metrics", {})))
+            return res
         finally:
             self.step.answered(self.partition_id)
 
@@ -77,6 +83,7 @@ class WaitingStep:
                  timeout: float | None, say: Callable[[str], None]) -> None:
         self.label, self.total, self.timeout = label, len(partition_ids), timeout
         self.pending = set(partition_ids)
+        self.timings: list[list[float]] = []
         self.started = time.monotonic()
         self.lock = threading.Lock()
         self.done = threading.Event()
@@ -86,6 +93,12 @@ class WaitingStep:
     def answered(self, partition_id: int) -> None:
         with self.lock:
             self.pending.discard(partition_id)
+
+    def timed(self, timing: list[float] | None) -> None:
+        """One answer's [round trip, client, outside, delivery, reply] (fedapps/timing.py)."""
+        if timing is not None:
+            with self.lock:
+                self.timings.append(timing)
 
     def line(self) -> str | None:
         """The waiting line now, or None when every client has answered."""
@@ -132,7 +145,10 @@ class Waiting:
         self.step = step
         return [(TrackedProxy(proxy, pid, step), ins) for pid, proxy, ins in instructions]
 
-    def end(self) -> None:
-        if self.step is not None:
-            self.step.stop()
-            self.step = None
+    def end(self) -> list[list[float]]:
+        """Stop the step's reports; its answers' timings (fedapps/timing.py), in arrival order."""
+        if self.step is None:
+            return []
+        self.step.stop()
+        timings, self.step = self.step.timings, None
+        return timings

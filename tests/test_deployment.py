@@ -83,6 +83,12 @@ def test_deployment_gives_the_simulation_numbers(tmp_path):
         assert a["global_accuracy"] == pytest.approx(b["global_accuracy"], abs=1e-9)
         assert a["personal_accuracy"] == pytest.approx(b["personal_accuracy"], abs=1e-9)
         assert a["fit_clients"] == b["fit_clients"]
+        # the deployed answers carry their time split too (fedapps/timing.py): 3 fits and 3
+        # evaluations a round, each spending time outside its client (pulls, transport)
+        t = b["timing"]
+        assert t["fit"]["messages"] == 3 and t["evaluate"]["messages"] == 3
+        assert 0 < t["fit"]["client_max"] < t["fit"]["round_trip_max"]
+        assert t["fit"]["outside_median"] > 0 and t["fit"]["delivery_median"] > 0
 
 
 def test_bad_updates_and_crashes_are_counted_not_aggregated(tmp_path):

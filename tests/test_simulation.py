@@ -45,6 +45,13 @@ def test_simulation_writes_the_results_contract(first_run):
         assert r["eval_clients"] == 10  # every client evaluates, not only the trained ones
         assert 0.0 < r["global_macro_f1"] <= 1.0 and 0.0 < r["global_weighted_f1"] <= 1.0
         assert r["personal_macro_f1"] == r["global_macro_f1"]  # FedAvg: P = G
+        # every answer's time split (fedapps/timing.py); never in the deterministic metrics
+        fit, ev = r["timing"]["fit"], r["timing"]["evaluate"]
+        assert fit["messages"] == 5 and ev["messages"] == 10
+        for t in (fit, ev):
+            assert 0 < t["client_max"] <= t["round_trip_max"]
+            assert t["outside_median"] >= 0 and t["delivery_median"] >= 0
+        assert not any("client-seconds" in m for m in r["client_fit_metrics"].values())
     s = doc["summary"]
     assert all(k in s for k in SUMMARY) and s["status"] == "completed"
     assert s["final_global_accuracy"] > 0.3  # chance is 0.1; 3 rounds of FedAvg on digits

@@ -1,0 +1,95 @@
+"""Where a message's time goes (fedapps/timing.py): the client's report, the server's split,
+and a step through Flower's own fit loop with known delays on either side of the client."""
+
+import time
+
+import numpy as np
+import pytest
+from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
+from flwr.server.server import fit_clients
+
+from fedapps.client_app import DeferredClient
+from fedapps.timing import CLIENT_SECONDS, CLIENT_START, message_timing, summarize
+from strategies.fedavg import FedAvg
+from tests.inprocess import ProxyManager
+from tests.test_waiting import Proxy
+
+OK = Status(Code.OK, "")
+INIT = [np.zeros(3, dtype=np.float32)]
+
+
+def test_a_message_is_split_by_the_clients_report():
+    # sent at 100, client ran 100.5-102.5, answer back at 103
+    t = message_timing(100.0, 103.0, {CLIENT_START: 100.5, CLIENT_SECONDS: 2.0})
+    assert t == pytest.approx([3.0, 2.0, 1.0, 0.5, 0.5])  # trip, client, outside, there, back
+
+
+@pytest.mark.parametrize("metrics", [{}, {CLIENT_START: 1.0}, {CLIENT_START: 1.0,
+                                     CLIENT_SECONDS: float("nan")},
+                                     {CLIENT_START: True, CLIENT_SECONDS: 1.0}])
+def test_no_or_bad_report_gives_no_timing(metrics):
+    assert message_timing(0.0, 1.0, metrics) is None
+
+
+def test_summary_is_median_and_max_per_part():
+    s = summarize([[3, 2, 1, 0.5, 0.5], [5, 1, 4, 3, 1], [4, 3, 1, 0.25, 0.75]])
+    assert s["messages"] == 3
+    assert (s["round_trip_median"], s["round_trip_max"]) == (4, 5)
+    assert (s["client_median"], s["client_max"]) == (2, 3)
+    assert (s["outside_median"], s["outside_max"]) == (1, 4)
+    assert (s["delivery_median"], s["delivery_max"]) == (0.5, 3)
+    assert (s["reply_median"], s["reply_max"]) == (0.75, 1)
+    assert summarize([]) == {}
+
+
+class SlowClient:
+    def fit(self, parameters, config):
+        time.sleep(0.1)
+        return parameters, 7, {"loss": 0.5}
+
+    def evaluate(self, parameters, config):
+        time.sleep(0.1)
+        return 0.5, 7, {"correct-global": 3}
+
+
+def test_the_client_reports_from_client_fn_to_its_answer():
+    made = time.time(), time.perf_counter()
+    time.sleep(0.2)  # client_fn's own work counts too
+    client = DeferredClient(0, None, SlowClient, made)
+    for _, n, metrics in (client.fit(INIT, {}), client.evaluate(INIT, {})):
+        assert n == 7 and metrics[CLIENT_START] == made[0]
+        assert metrics[CLIENT_SECONDS] >= 0.3  # 0.2 before the call, 0.1 in it
+    assert metrics["correct-global"] == 3
+
+
+class TransitProxy(Proxy):
+    """0.2 s on the way there, 0.1 s in the client, 0.3 s on the way back."""
+
+    def fit(self, ins, timeout, group_id):
+        time.sleep(0.2)
+        start = time.time()
+        time.sleep(0.1)
+        res = super().fit(ins, timeout, group_id)
+        res.metrics.update({CLIENT_START: start, CLIENT_SECONDS: time.time() - start})
+        time.sleep(0.3)
+        return res
+
+
+def test_a_step_records_each_part_of_its_messages_and_keeps_them_out_of_client_metrics():
+    strategy = FedAvg(initial_arrays=INIT, num_rounds=1, num_clients=3, clients_per_round=3,
+                      seed=0, client_eval=False)
+    records = []
+    strategy.on_round = records.append
+    manager = ProxyManager([TransitProxy(i) for i in range(3)])
+    instructions = strategy.configure_fit(1, ndarrays_to_parameters(INIT), manager)
+    results, failures = fit_clients(instructions, max_workers=None, timeout=10, group_id=1)
+    assert isinstance(results[0][1], FitRes) and not failures
+    strategy.aggregate_fit(1, results, failures)
+    strategy.configure_evaluate(1, None, manager)  # no client evaluation: the round ends
+    fit = records[0]["timing"]["fit"]
+    assert fit["messages"] == 3
+    slack = 0.25  # a loaded CI machine sleeps longer, never shorter
+    for part, want in (("round_trip", 0.6), ("client", 0.1), ("outside", 0.5),
+                       ("delivery", 0.2), ("reply", 0.3)):
+        assert want - 0.01 <= fit[f"{part}_median"] <= want + slack, (part, fit)
+    assert records[0]["client_fit_metrics"] == {"0": {}, "1": {}, "2": {}}
