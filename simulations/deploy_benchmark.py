@@ -186,6 +186,21 @@ def round_stats(run_dir: Path) -> dict:
     }
 
 
+def timing_table(report: dict, modes: list[str]) -> str:
+    """Where each mode's steady round went, as a Markdown table: per phase the slowest answer
+    and the medians of client, delivery and reply seconds (fedapps/timing.py)."""
+    rows = ["| mode | round (fit, eval) | phase | slowest | client | delivery | reply |",
+            "| --- | --- | --- | --- | --- | --- | --- |"]
+    for mode in modes:
+        r = report.get(mode, {})
+        for phase, t in r.get("timing", {}).items():
+            rows.append(f"| {mode} | {r['steady_seconds']:.2f} ({r['fit_seconds']:.2f}, "
+                        f"{r['eval_seconds']:.2f}) | {phase} | {t['round_trip_max']:.2f} | "
+                        f"{t['client_median']:.2f} | {t['delivery_median']:.2f} | "
+                        f"{t['reply_median']:.2f} |")
+    return "\n".join(rows)
+
+
 def startup_probe(experiment: str, sets: list[str], python: str = sys.executable) -> dict:
     """What a fresh interpreter pays before a message's training (imports, then partition 0's
     data), the same data again in that process, one fit of partition 0, and the peak RSS after
@@ -256,6 +271,7 @@ def main(argv: list[str] | None = None) -> int:
                         **round_stats(args.out / name)}
     (args.out / "deploy_benchmark.json").write_text(json.dumps(report, indent=1))
     print(json.dumps(report, indent=1))
+    print(timing_table(report, modes))
     accuracies = [report[m]["global_accuracy"] for m in modes]
     same = all(a == accuracies[0] for a in accuracies)
     print(f"same accuracies in every run: {same}")

@@ -93,3 +93,26 @@ def test_a_step_records_each_part_of_its_messages_and_keeps_them_out_of_client_m
                        ("delivery", 0.2), ("reply", 0.3)):
         assert want - 0.01 <= fit[f"{part}_median"] <= want + slack, (part, fit)
     assert records[0]["client_fit_metrics"] == {"0": {}, "1": {}, "2": {}}
+
+
+def test_the_benchmark_reports_the_steady_rounds_median_split(tmp_path):
+    """deploy_benchmark's round_stats takes each timing value's median over rounds 2..n (round
+    1 holds every node's first message) and prints one row per mode and phase."""
+    import json
+
+    from simulations.deploy_benchmark import round_stats, timing_table
+
+    def rnd(i, slowest, delivery):
+        fit = {"messages": 5, "round_trip_max": slowest, "client_median": 1.0,
+               "delivery_median": delivery, "reply_median": 0.5}
+        return {"round": i, "seconds": slowest + 1, "fit_seconds": slowest, "eval_seconds": 1,
+                "bytes_down": 1, "bytes_up": 1, "bytes_down_eval": 1, "global_accuracy": 0.5,
+                "timing": {"fit": fit}}
+
+    rounds = [rnd(1, 30.0, 20.0), rnd(2, 6.0, 2.0), rnd(3, 8.0, 3.0), rnd(4, 7.0, 1.0)]
+    (tmp_path / "results.json").write_text(json.dumps({"rounds": rounds}))
+    stats = round_stats(tmp_path)
+    assert stats["timing"]["fit"]["round_trip_max"] == 7.0  # median of 6, 8, 7; not round 1
+    assert stats["timing"]["fit"]["delivery_median"] == 2.0
+    table = timing_table({"deploy_warm": stats}, ["deploy_warm"]).splitlines()
+    assert table[2] == "| deploy_warm | 8.00 (7.00, 1.00) | fit | 7.00 | 1.00 | 2.00 | 0.50 |"
