@@ -7,7 +7,8 @@ import time
 from logging import INFO
 
 from flwr.common import Context, log
-from flwr.server import ServerApp, ServerAppComponents, ServerConfig
+from flwr.server import Server, ServerApp, ServerAppComponents, ServerConfig, SimpleClientManager
+from flwr.server.strategy import Strategy
 
 from clients.arrays import get_arrays, set_arrays
 from fedapps import checkpoint, rundir
@@ -145,8 +146,21 @@ def server_fn(context: Context) -> ServerAppComponents:
         raise ConfigError(f"rounds={cfg.rounds}: the run already completed "
                           f"{saved.completed_rounds if saved else 0} rounds")
     return ServerAppComponents(
-        strategy=strategy,
+        server=flower_server(strategy, int(fed["num-clients"])),
         config=ServerConfig(num_rounds=strategy.flower_rounds(), round_timeout=timeout))
+
+
+MAX_MESSAGES_IN_FLIGHT = 64
+
+
+def flower_server(strategy: Strategy, num_clients: int) -> Server:
+    """Flower's Server with a thread for every message of a step (at most 64): each waits for
+    its client's answer, and Flower's default pool of cores + 4 threads (6 on a 2-core server)
+    sent a deployed step of more clients in waves, each waiting for the last one's answers.
+    The pool starts only the threads a step needs, so a small step costs nothing more."""
+    server = Server(client_manager=SimpleClientManager(), strategy=strategy)
+    server.set_max_workers(max(1, min(num_clients, MAX_MESSAGES_IN_FLIGHT)))
+    return server
 
 
 app = ServerApp(server_fn=server_fn)

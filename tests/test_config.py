@@ -222,7 +222,7 @@ def test_typed_settings_reach_the_client_and_the_strategy(tmp_path):
 
     client = client_fn(context("algorithm=fedprox algo.mu=0.25")).numpy_client.client()
     assert isinstance(client, FedProxClient) and client.algo == FedProxSettings(mu=0.25)
-    strategy = server_fn(context("algorithm=feddyn algo.alpha=0.05")).strategy
+    strategy = server_fn(context("algorithm=feddyn algo.alpha=0.05")).server.strategy
     assert isinstance(strategy, FedDyn) and strategy.algo == FedDynSettings(alpha=0.05)
     # the results' config.yaml names every algo key, defaults included
     assert OmegaConf.load(tmp_path / "r" / "config.yaml").algo == {"alpha": 0.05,
