@@ -33,6 +33,15 @@ CHAIN = "chain"  # checkpoint state names: chain<i> (its model), chain-meta (rou
 META = "chain-meta"
 
 
+def relay_order(seed: int, server_round: int, num_clients: int, reshuffle: bool,
+                participants: list[int]) -> list[int]:
+    """The participants in relay order: by their place in the seeded permutation of all
+    clients, drawn once per run (fixed) or once per round (reshuffle)."""
+    key = [seed, server_round, 303] if reshuffle else [seed, 303]
+    rank = np.argsort(np.random.default_rng(key).permutation(num_clients))
+    return sorted(participants, key=lambda pid: int(rank[pid]))
+
+
 @dataclass(frozen=True)
 class FedCyclicSettings(AlgoSettings):
     """Here, beside the strategy: Fed-Cyclic's only own code (its clients train as FedAvg's)."""
@@ -65,11 +74,8 @@ class FedCyclic(BaseStrategy):
         return math.ceil(self.participants / self.algo.chains)
 
     def relay_order(self, server_round: int, participants: list[int]) -> list[int]:
-        """The participants in relay order: by their place in the seeded permutation."""
-        reshuffle = self.algo.order == "reshuffle"
-        key = [self.seed, server_round, 303] if reshuffle else [self.seed, 303]
-        rank = np.argsort(np.random.default_rng(key).permutation(self.num_clients))
-        return sorted(participants, key=lambda pid: int(rank[pid]))
+        return relay_order(self.seed, server_round, self.num_clients,
+                           self.algo.order == "reshuffle", participants)
 
     def chain_groups(self, server_round: int, participants: list[int]) -> list[list[int]]:
         """The relay order cut into `chains` contiguous groups (the first len % C one longer),

@@ -131,3 +131,31 @@ def test_chains_are_validated(overrides, message):
     with pytest.raises(ConfigError) as err:
         validate(cfg, check_data=False)
     assert message in str(err.value)
+
+
+def test_relay_lean_splits_the_final_round_by_relay_position(tmp_path):
+    """simulations/relay_lean.py: the final model's per-client scores averaged over the last
+    clients of that round's relay order and over the rest (docs/RESULTS.md's lean)."""
+    import json
+
+    from simulations.relay_lean import lean, main
+    from strategies.fedcyclic import relay_order
+
+    scores = [0.1 * i for i in range(6)]
+    (tmp_path / "config.yaml").write_text(
+        "seed: 4\nfederation: {num-clients: 6}\nalgo: {order: reshuffle}\n")
+    (tmp_path / "results.json").write_text(json.dumps({"rounds": [
+        {"round": 7, "fit_clients": [0, 1, 2, 3, 4, 5], "client_global_accuracy": scores}]}))
+    order = relay_order(4, 7, 6, True, list(range(6)))
+    assert order != relay_order(4, 7, 6, False, list(range(6)))  # the draw depends on the order
+    rank = np.argsort(np.random.default_rng([4, 7, 303]).permutation(6))  # the seeded draw
+    assert order == sorted(range(6), key=lambda p: rank[p])
+    end, rest = lean(tmp_path, 2)
+    assert end == pytest.approx(100 * (scores[order[-1]] + scores[order[-2]]) / 2)
+    assert rest == pytest.approx(100 * np.mean([scores[p] for p in order[:-2]]))
+    fixed = relay_order(4, 7, 6, False, list(range(6)))
+    assert lean(tmp_path, 2, "fixed")[0] == pytest.approx(
+        100 * (scores[fixed[-1]] + scores[fixed[-2]]) / 2)
+    assert main([str(tmp_path), "--last", "2"]) == 0
+    with pytest.raises(SystemExit, match="leaves no other clients"):
+        lean(tmp_path, 6)
