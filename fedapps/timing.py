@@ -1,17 +1,19 @@
 """Where a client message's time goes: inside the client, or on the way there and back.
 
-Each fit or evaluate answer carries when the client's call began (wall clock) and how long it
-took; the server notes when it handed the message to Flower and when the answer came back.
-Per message that gives
+Each fit or evaluate answer carries when the client's work began (wall clock, at the
+ClientApp's client_fn) and how long it took until the client returned; the server notes when
+Flower's worker thread began the message's call (when the step starts: the server has a
+thread per message, fedapps/server_app.py) and when the answer came back. Per message:
 
 - round trip: sent -> answer back, on the server's clock;
-- client: inside the client's call (building the client, loading the model, training or
-  evaluating), on the client's clock;
+- client: client_fn to the client's return (building the client, loading the model, training
+  or evaluating), on the client's clock;
 - outside = round trip - client: transport, queues, polling and process start, free of any
   clock offset;
-- delivery = client start - sent, and reply = back - client end: the outside time split in
-  two, meaningful only where the server's and the client's clocks agree (one machine, as in
-  the simulation and `deploy-local`, or devices synchronised well below a step's length).
+- delivery = client start - sent, and reply = back - client end (serializing the answer
+  included): the outside time split in two, meaningful only where the server's and the
+  client's clocks agree (one machine, as in the simulation and `deploy-local`, or devices
+  synchronised well below a step's length).
 
 A deployed step slower than the simulated one shows here whether its clients computed longer
 or its messages travelled longer (docs/PERFORMANCE.md). Results keep a per-round summary

@@ -47,6 +47,7 @@ class RoundLog:
         self.fit_clients = sorted(set(self.fit_clients) | set(partition_ids))
 
     def add_timings(self, phase: str, timings: list[list[float]]) -> None:
+        """A step's answers' timings, added to the round's for that phase."""
         self.timings.setdefault(phase, []).extend(timings)
 
     def to_json(self) -> str:

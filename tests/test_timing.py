@@ -88,10 +88,11 @@ def test_a_step_records_each_part_of_its_messages_and_keeps_them_out_of_client_m
     strategy.configure_evaluate(1, None, manager)  # no client evaluation: the round ends
     fit = records[0]["timing"]["fit"]
     assert fit["messages"] == 3
-    slack = 0.25  # a loaded CI machine sleeps longer, never shorter
+    slack = 1.0  # a loaded CI machine sleeps longer, never shorter
     for part, want in (("round_trip", 0.6), ("client", 0.1), ("outside", 0.5),
                        ("delivery", 0.2), ("reply", 0.3)):
         assert want - 0.01 <= fit[f"{part}_median"] <= want + slack, (part, fit)
+    # the lower bounds tell the 0.2 s before the client from the 0.3 s after it
     assert records[0]["client_fit_metrics"] == {"0": {}, "1": {}, "2": {}}
 
 
