@@ -154,12 +154,17 @@ MAX_MESSAGES_IN_FLIGHT = 64
 
 
 def flower_server(strategy: Strategy, num_clients: int) -> Server:
-    """Flower's Server with a thread for every message of a step (at most 64): each waits for
-    its client's answer, and Flower's default pool of cores + 4 threads (6 on a 2-core server)
-    sent a deployed step of more clients in waves, each waiting for the last one's answers.
-    The pool starts only the threads a step needs, so a small step costs nothing more."""
+    """Flower's Server, which in a deployment gets a thread for every message of a step (at
+    most 64): each thread waits for its client's answer, and Flower's default pool of cores + 4
+    threads (6 on a 2-core server) sent a deployed step of more clients in waves. Set at the
+    first handshake with a deployed node (strategies/nodes.py); a simulation keeps Flower's
+    pool, since its few Ray workers queue the messages anyway and a message's timeout runs
+    from its push."""
     server = Server(client_manager=SimpleClientManager(), strategy=strategy)
-    server.set_max_workers(max(1, min(num_clients, MAX_MESSAGES_IN_FLIGHT)))
+    nodes = getattr(strategy, "nodes", None)
+    if nodes is not None:
+        nodes.on_deployed = lambda: server.set_max_workers(
+            max(1, min(num_clients, MAX_MESSAGES_IN_FLIGHT)))
     return server
 
 

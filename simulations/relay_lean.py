@@ -26,10 +26,17 @@ from strategies.fedcyclic import relay_order
 
 def lean(run_dir: Path, last: int, order: str | None = None) -> tuple[float, float]:
     """(mean % on the last `last` relay clients, mean % on the other participants) of the
-    final round's global model; `order` overrides the run's own algo.order."""
+    final round's global model; `order` overrides the run's own algo.order. Participants
+    without a score that round (not evaluated) are left out of both."""
     cfg = OmegaConf.load(run_dir / "config.yaml")
+    if int(cfg.algo.get("chains", 1)) != 1:
+        raise SystemExit(f"{run_dir}: algo.chains={cfg.algo.chains}: several relays end on "
+                         "several clients; only one chain is split here")
     final = json.loads((run_dir / "results.json").read_text())["rounds"][-1]
-    scores = final["client_global_accuracy"]
+    key = next((k for k in final if k.startswith("client_global_")), None)
+    if key is None:
+        raise SystemExit(f"{run_dir}: the last round has no per-client scores")
+    scores = final[key]
     participants = [int(p) for p in final["fit_clients"]]
     if len(participants) <= last:
         raise SystemExit(f"{run_dir}: {len(participants)} participants, --last {last} leaves "
@@ -39,7 +46,10 @@ def lean(run_dir: Path, last: int, order: str | None = None) -> tuple[float, flo
                          int(cfg.federation["num-clients"]), reshuffle, participants)
 
     def mean(pids: list[int]) -> float:
-        return 100 * float(np.mean([scores[p] for p in pids]))
+        scored = [scores[p] for p in pids if scores[p] is not None]
+        if not scored:
+            raise SystemExit(f"{run_dir}: none of partitions {pids} was evaluated that round")
+        return 100 * float(np.mean(scored))
 
     return mean(ranked[-last:]), mean(ranked[:-last])
 

@@ -15,7 +15,7 @@ partition is never counted twice; it takes over only if the holder leaves. A res
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from logging import INFO, WARNING
@@ -81,6 +81,7 @@ class NodeDirectory:
         self.ignored: dict[str, str] = {}  # node id -> why (never asked again)
         self.failed: dict[str, int] = {}  # node id -> failed handshakes so far
         self.started = False
+        self.on_deployed: Callable[[], None] | None = None  # told once a node is deployed
 
     def facts_of(self, proxy: ClientProxy | None) -> NodeFacts | None:
         """The handshake of the node behind `proxy`, if it holds a partition."""
@@ -130,8 +131,9 @@ class NodeDirectory:
 
         if not proxies:
             return []
-        for proxy in proxies:
-            hasten(proxy)  # this and every later step's replies seen within 0.5 s, deployed
+        deployed = [hasten(proxy) for proxy in proxies]  # replies seen within 0.5 s, deployed
+        if any(deployed) and self.on_deployed is not None:
+            self.on_deployed()
         with ThreadPoolExecutor(max_workers=min(32, len(proxies))) as pool:
             return list(pool.map(ask, proxies, timeouts))
 

@@ -84,12 +84,16 @@ class PromptReplies(Grid):
         return replies
 
 
-def hasten(proxy: object) -> None:
+def hasten(proxy: object) -> bool:
     """Give a deployed `GridClientProxy` (or one wrapped in `.inner` proxies) a PromptReplies
-    grid; a simulated one (Flower's InMemoryGrid polls every 0.1 s already) is left alone."""
+    grid; a simulated one (Flower's InMemoryGrid polls every 0.1 s already) is left alone.
+    True if the proxy is a deployed one (hastened now or before)."""
     from flwr.superlink.grid import HttpGrid
 
     while proxy is not None and "grid" not in getattr(proxy, "__dict__", {}):
         proxy = getattr(proxy, "__dict__", {}).get("inner")
-    if proxy is not None and isinstance(proxy.grid, HttpGrid):
+    if proxy is None:
+        return False
+    if isinstance(proxy.grid, HttpGrid):
         proxy.grid = PromptReplies(proxy.grid)
+    return isinstance(proxy.grid, PromptReplies)

@@ -159,3 +159,11 @@ def test_relay_lean_splits_the_final_round_by_relay_position(tmp_path):
     assert main([str(tmp_path), "--last", "2"]) == 0
     with pytest.raises(SystemExit, match="leaves no other clients"):
         lean(tmp_path, 6)
+    scores[order[-1]] = None  # not evaluated that round: left out, the relay order kept
+    (tmp_path / "results.json").write_text(json.dumps({"rounds": [
+        {"round": 7, "fit_clients": [0, 1, 2, 3, 4, 5], "client_global_accuracy": scores}]}))
+    assert lean(tmp_path, 2)[0] == pytest.approx(100 * scores[order[-2]])
+    (tmp_path / "config.yaml").write_text(
+        "seed: 4\nfederation: {num-clients: 6}\nalgo: {order: fixed, chains: 2}\n")
+    with pytest.raises(SystemExit, match="chains=2"):
+        lean(tmp_path, 2)

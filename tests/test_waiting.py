@@ -79,30 +79,46 @@ def test_a_hung_client_is_reported_while_flower_waits_and_the_reports_stop_after
 
 
 class SlowProxy(Proxy):
+    """Answers only once all 12 of a step's calls are in progress (a barrier)."""
+
+    barrier = None
+
     def fit(self, ins, timeout, group_id):
-        time.sleep(0.4)
+        SlowProxy.barrier.wait()
         return super().fit(ins, timeout, group_id)
 
 
-def test_every_message_of_a_step_is_in_flight_at_once(tmp_path):
-    """The ServerApp's Flower server runs a thread per message of a step: Flower's default pool
-    (cores + 4 threads, 6 on the 2-core machine) answered a 12-client step in two waves."""
-    from flwr.common import Context, RecordDict
+def test_a_deployed_step_has_every_message_in_flight_at_once(tmp_path):
+    """Deployed, the ServerApp's Flower server runs a thread per message of a step, set at the
+    first handshake with a deployed node: Flower's default pool (cores + 4 threads, 6 on a
+    2-core machine) sent a 12-client step in waves. A simulation keeps Flower's pool."""
+    import threading
 
-    from fedapps.server_app import MAX_MESSAGES_IN_FLIGHT, flower_server, server_fn
+    from flwr.common import Context, RecordDict
+    from flwr.server.compat.grid_client_proxy import GridClientProxy
+    from flwr.superlink.grid import HttpGrid
+
+    from fedapps.server_app import server_fn
 
     run_config = {"experiment": "quickstart", "overrides": "federation.num-clients=12",
                   "output-dir": str(tmp_path), "run-name": "r"}
     server = server_fn(Context(run_id=1, node_id=0, state=RecordDict(), node_config={},
                                run_config=run_config)).server
-    assert server.max_workers == 12 and server.strategy.num_clients == 12
-    assert flower_server(server.strategy, 5000).max_workers == MAX_MESSAGES_IN_FLIGHT
+    nodes = server.strategy.nodes
+    nodes._ask([Proxy(0)], [5.0])  # a simulated node: Flower's pool stays
+    assert server.max_workers is None
+
+    class Deployed(GridClientProxy):
+        def get_properties(self, ins, timeout, group_id):
+            return Proxy(1).get_properties(ins, timeout, group_id)
+
+    nodes._ask([Deployed(1, HttpGrid(token="t"), run_id=0)], [5.0])
+    assert server.max_workers == 12
     strategy = FedAvg(initial_arrays=INIT, num_rounds=1, num_clients=12, clients_per_round=12,
                       seed=0)
     manager = ProxyManager([SlowProxy(i) for i in range(12)])
     instructions = strategy.configure_fit(1, ndarrays_to_parameters(INIT), manager)
-    started = time.monotonic()
-    results, failures = fit_clients(instructions, max_workers=server.max_workers, timeout=10,
+    SlowProxy.barrier = threading.Barrier(12, timeout=10)  # breaks if fewer run at once
+    results, failures = fit_clients(instructions, max_workers=server.max_workers, timeout=20,
                                     group_id=1)
     assert len(results) == 12 and not failures
-    assert time.monotonic() - started < 0.75  # one wave of 0.4 s, not two (0.8 s) or more
