@@ -8,7 +8,6 @@ from logging import INFO
 
 from flwr.common import Context, log
 from flwr.server import Server, ServerApp, ServerAppComponents, ServerConfig, SimpleClientManager
-from flwr.server.strategy import Strategy
 
 from clients.arrays import get_arrays, set_arrays
 from fedapps import checkpoint, rundir
@@ -26,6 +25,7 @@ from fedapps.runtime import (
     seed_everything,
     select_device,
 )
+from strategies.base import BaseStrategy
 from strategies.server_opt import ServerOptimizer, from_settings
 
 
@@ -153,7 +153,7 @@ def server_fn(context: Context) -> ServerAppComponents:
 MAX_MESSAGES_IN_FLIGHT = 64
 
 
-def flower_server(strategy: Strategy, num_clients: int) -> Server:
+def flower_server(strategy: BaseStrategy, num_clients: int) -> Server:
     """Flower's Server, which in a deployment gets a thread for every message of a step (at
     most 64): each thread waits for its client's answer, and Flower's default pool of cores + 4
     threads (6 on a 2-core server) sent a deployed step of more clients in waves. Set at the
@@ -161,10 +161,8 @@ def flower_server(strategy: Strategy, num_clients: int) -> Server:
     pool, since its few Ray workers queue the messages anyway and a message's timeout runs
     from its push."""
     server = Server(client_manager=SimpleClientManager(), strategy=strategy)
-    nodes = getattr(strategy, "nodes", None)
-    if nodes is not None:
-        nodes.on_deployed = lambda: server.set_max_workers(
-            max(1, min(num_clients, MAX_MESSAGES_IN_FLIGHT)))
+    strategy.nodes.on_deployed = lambda: server.set_max_workers(
+        min(num_clients, MAX_MESSAGES_IN_FLIGHT))
     return server
 
 

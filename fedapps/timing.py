@@ -2,8 +2,10 @@
 
 Each fit or evaluate answer carries when the client's work began (wall clock, at the
 ClientApp's client_fn) and how long it took until the client returned; the server notes when
-Flower's worker thread began the message's call (when the step starts: the server has a
-thread per message, fedapps/server_app.py) and when the answer came back. Per message:
+Flower's worker thread began the message's call and when the answer came back. Deployed, the
+server has a thread per message (fedapps/server_app.py), so "sent" is the step's start; in a
+simulation Flower's pool (cores + 4 threads) may hold a message back, and that wait is not
+counted (the simulation's Ray workers queue the messages anyway). Per message:
 
 - round trip: sent -> answer back, on the server's clock;
 - client: client_fn to the client's return (building the client, loading the model, training

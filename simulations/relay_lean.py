@@ -28,6 +28,9 @@ def lean(run_dir: Path, last: int, order: str | None = None) -> tuple[float, flo
     """(mean % on the last `last` relay clients, mean % on the other participants) of the
     final round's global model; `order` overrides the run's own algo.order. Participants
     without a score that round (not evaluated) are left out of both."""
+    missing = [f for f in ("config.yaml", "results.json") if not (run_dir / f).is_file()]
+    if missing:
+        raise SystemExit(f"{run_dir}: not a run directory (no {', '.join(missing)})")
     cfg = OmegaConf.load(run_dir / "config.yaml")
     if int(cfg.algo.get("chains", 1)) != 1:
         raise SystemExit(f"{run_dir}: algo.chains={cfg.algo.chains}: several relays end on "

@@ -167,3 +167,5 @@ def test_relay_lean_splits_the_final_round_by_relay_position(tmp_path):
         "seed: 4\nfederation: {num-clients: 6}\nalgo: {order: fixed, chains: 2}\n")
     with pytest.raises(SystemExit, match="chains=2"):
         lean(tmp_path, 2)
+    with pytest.raises(SystemExit, match="not a run directory"):
+        lean(tmp_path / "nowhere", 2)
