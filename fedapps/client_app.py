@@ -23,7 +23,7 @@ from fedapps.errors import ConfigError
 from fedapps.registry import ALGORITHMS, algo_settings
 from fedapps.rundir import check_run_id
 from fedapps.runtime import config_from_run, dataset_task, select_device, train_settings
-from fedapps.timing import client_timing
+from fedapps.timing import client_timing, node_stamps
 
 
 def client_fn(context: Context) -> Client:
@@ -57,7 +57,7 @@ def client_fn(context: Context) -> Client:
     if node.get("fault"):  # test deployments only (clients/faulty.py)
         return FaultyClient(build(), str(node["fault"]), float(node.get("fault-seconds", 3600)),
                             int(node.get("fault-from-round", 1))).to_client()
-    return DeferredClient(pid, local, build, made).to_client()
+    return DeferredClient(pid, local, build, made, node_stamps(node)).to_client()
 
 
 class DeferredClient(NumPyClient):
@@ -67,9 +67,11 @@ class DeferredClient(NumPyClient):
     nodes was most of the start-up (docs/PERFORMANCE.md, "Large federations")."""
 
     def __init__(self, partition_id: int, data: Any, build: Callable[[], NumPyClient],
-                 made: tuple[float, float] | None = None) -> None:
+                 made: tuple[float, float] | None = None,
+                 stamps: Mapping[str, float] | None = None) -> None:
         self.partition_id, self.data, self.build = partition_id, data, build
         self.made = made  # (time.time(), perf_counter()) when client_fn began, for timing
+        self.stamps = stamps  # a warm ClientApp's stamps of the task (fedapps/timing.py)
         self.built: NumPyClient | None = None
 
     def client(self) -> NumPyClient:
@@ -88,12 +90,12 @@ class DeferredClient(NumPyClient):
         how long it took: the server splits each message's time with it (fedapps/timing.py)."""
         wall, started = self.made or (time.time(), time.perf_counter())
         arrays, n, metrics = self.client().fit(parameters, config)
-        return arrays, n, {**metrics, **client_timing(wall, started)}
+        return arrays, n, {**metrics, **client_timing(wall, started, self.stamps)}
 
     def evaluate(self, parameters: Any, config: dict[str, Any]) -> Any:
         wall, started = self.made or (time.time(), time.perf_counter())
         loss, n, metrics = self.client().evaluate(parameters, config)
-        return loss, n, {**metrics, **client_timing(wall, started)}
+        return loss, n, {**metrics, **client_timing(wall, started, self.stamps)}
 
 
 def client_state_dir(node: Mapping[str, Any], run_config: Mapping[str, Any], cfg,

@@ -15,7 +15,14 @@ counted (the simulation's Ray workers queue the messages anyway). Per message:
 - delivery = client start - sent, and reply = back - client end (serializing the answer
   included): the outside time split in two, meaningful only where the server's and the
   client's clocks agree (one machine, as in the simulation and `deploy-local`, or devices
-  synchronised well below a step's length).
+  synchronised well below a step's length);
+- on a node with a warm ClientApp (fedapps/warm_clientapp.py) the delivery splits further, as
+  that process stamps the task when it takes it from its SuperNode and when it has pulled the
+  message, context and FAB: to_node = taken - sent (the server's push through the SuperLink,
+  the SuperNode's pull and the ClientApp's poll), pull = pulled - taken (opening the task's
+  connection, the Runtime API's PullTaskInput, PullMessages and object pulls), start = client
+  start - pulled (the ClientApp's message handling up to client_fn). A Flower ClientApp
+  process per message stamps nothing.
 
 A deployed step slower than the simulated one shows here whether its clients computed longer
 or its messages travelled longer (docs/PERFORMANCE.md). Results keep a per-round summary
@@ -31,35 +38,57 @@ from typing import Any
 import numpy as np
 
 CLIENT_START, CLIENT_SECONDS = "client-start", "client-seconds"
-TIMING_KEYS = frozenset((CLIENT_START, CLIENT_SECONDS))
-PARTS = ("round_trip", "client", "outside", "delivery", "reply")
+TASK_TAKEN, INPUT_PULLED = "task-taken", "input-pulled"  # warm ClientApp's stamps (time.time())
+TASK_STAMPS = (TASK_TAKEN, INPUT_PULLED)
+TIMING_KEYS = frozenset((CLIENT_START, CLIENT_SECONDS, *TASK_STAMPS))
+PARTS = ("round_trip", "client", "outside", "delivery", "reply", "to_node", "pull", "start")
+# The warm ClientApp hands its stamps to client_fn in the node config under these keys, and
+# removes them before the context goes back to the SuperNode.
+NODE_STAMP_PREFIX = "fedapps-"
 
 
-def client_timing(started_wall: float, started: float) -> dict[str, float]:
-    """The metrics a client adds to an answer: its call's start (time.time()) and length."""
-    return {CLIENT_START: started_wall, CLIENT_SECONDS: time.perf_counter() - started}
+def client_timing(started_wall: float, started: float,
+                  stamps: Mapping[str, float] | None = None) -> dict[str, float]:
+    """The metrics a client adds to an answer: its call's start (time.time()) and length, and
+    the warm ClientApp's stamps of the task where it has them."""
+    return {**(stamps or {}), CLIENT_START: started_wall,
+            CLIENT_SECONDS: time.perf_counter() - started}
+
+
+def node_stamps(node_config: Mapping[str, Any]) -> dict[str, float]:
+    """The warm ClientApp's stamps of this task, read from the node config (none elsewhere)."""
+    return {k: float(node_config[NODE_STAMP_PREFIX + k]) for k in TASK_STAMPS
+            if isinstance(node_config.get(NODE_STAMP_PREFIX + k), int | float)}
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and bool(np.isfinite(v))
 
 
 def message_timing(sent: float, back: float, metrics: Mapping[str, Any]) -> list[float] | None:
-    """[round trip, client, outside, delivery, reply] of one answer (seconds), from the
-    server's wall-clock `sent`/`back` and the client's metrics; None when the client reported
-    no timing (a client of older code, a test double)."""
+    """One answer's seconds per part of PARTS, from the server's wall-clock `sent`/`back` and
+    the client's metrics (to_node, pull and start NaN without a warm ClientApp's stamps);
+    None when the client reported no timing (a client of older code, a test double)."""
     start, seconds = metrics.get(CLIENT_START), metrics.get(CLIENT_SECONDS)
-    if not all(isinstance(v, int | float) and not isinstance(v, bool) and np.isfinite(v)
-               for v in (start, seconds)):
+    if not (_number(start) and _number(seconds)):
         return None
-    trip = back - sent
-    return [trip, float(seconds), trip - float(seconds), float(start) - sent,
-            back - (float(start) + float(seconds))]
+    trip, start, seconds = back - sent, float(start), float(seconds)
+    taken, pulled = (metrics.get(k) for k in TASK_STAMPS)
+    split = ([taken - sent, pulled - taken, start - pulled]
+             if _number(taken) and _number(pulled) else [np.nan] * 3)
+    return [trip, seconds, trip - seconds, start - sent, back - (start + seconds), *split]
 
 
 def summarize(timings: Sequence[Sequence[float]]) -> dict[str, float | int]:
-    """Median and maximum of each part over a phase's messages, in seconds (ms precision)."""
+    """Median and maximum of each part over a phase's messages, in seconds (ms precision);
+    a part no message has (the warm ClientApp's split, elsewhere) is left out."""
     if not timings:
         return {}
-    a = np.asarray(timings, dtype=float)
+    a = np.asarray([list(t) + [np.nan] * (len(PARTS) - len(t)) for t in timings], dtype=float)
     out: dict[str, float | int] = {"messages": len(a)}
     for i, part in enumerate(PARTS):
-        out[f"{part}_median"] = round(float(np.median(a[:, i])), 3)
-        out[f"{part}_max"] = round(float(a[:, i].max()), 3)
+        column = a[:, i][~np.isnan(a[:, i])]
+        if len(column):
+            out[f"{part}_median"] = round(float(np.median(column)), 3)
+            out[f"{part}_max"] = round(float(column.max()), 3)
     return out

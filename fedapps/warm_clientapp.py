@@ -29,6 +29,8 @@ import time
 from logging import DEBUG, ERROR, INFO
 from pathlib import Path
 
+from fedapps.timing import INPUT_PULLED, NODE_STAMP_PREFIX, TASK_TAKEN
+
 # Polls of the SuperNode for a task: fast right after start and after each task, then slower
 # while idle, up to Flower's SuperExec's once a second. A poll is an HTTP request that this
 # process and the SuperNode both handle in Python: with a fixed 0.05 s poll, 20 warm nodes'
@@ -73,8 +75,10 @@ def forget_modules_under(folder: Path) -> None:
 
 
 def run_task(address: str, token: str, insecure: bool, certificates: bytes | None,
-             apps: WarmClientApps) -> bool:
-    """Run one ClientApp task in this process; True if the ClientApp completed it."""
+             apps: WarmClientApps, taken: float | None = None) -> bool:
+    """Run one ClientApp task in this process; True if the ClientApp completed it. `taken`:
+    when the task was acquired (time.time()); with it the client's answer says how long the
+    task took to arrive and to pull (fedapps/timing.py)."""
     from flwr.app import Message
     from flwr.app.error import Error
     from flwr.clientapp.client_app import LoadClientAppError
@@ -95,6 +99,8 @@ def run_task(address: str, token: str, insecure: bool, certificates: bytes | Non
     started = time.perf_counter()
     try:
         message, context, run, fab = pull_task_input(client)
+        if taken is not None:
+            stamp(context.node_config, taken, time.time())
         reply = apps.get(run, fab)(message=message, context=context)
         status, details = SubStatus.COMPLETED, ""
     except Exception as ex:  # noqa: BLE001 - reported to the server, as flwr-clientapp does
@@ -107,6 +113,8 @@ def run_task(address: str, token: str, insecure: bool, certificates: bytes | Non
         if message is not None:
             reply = Message(Error(code=code, reason=reason), reply_to=message)
     finally:
+        if context is not None:
+            unstamp(context.node_config)
         try:
             if reply is not None and context is not None:
                 push_message(client, reply, context)
@@ -118,6 +126,18 @@ def run_task(address: str, token: str, insecure: bool, certificates: bytes | Non
         client.close()
     log(DEBUG, "[warm-clientapp] task done in %.3fs (%s)", time.perf_counter() - started, status)
     return status == SubStatus.COMPLETED
+
+
+def stamp(node_config: dict, taken: float, pulled: float) -> None:
+    """Hand the task's stamps to client_fn (fedapps/client_app.py) in the node config."""
+    node_config[NODE_STAMP_PREFIX + TASK_TAKEN] = taken
+    node_config[NODE_STAMP_PREFIX + INPUT_PULLED] = pulled
+
+
+def unstamp(node_config: dict) -> None:
+    """Remove the stamps, so the context goes back to the SuperNode as it came."""
+    for key in (TASK_TAKEN, INPUT_PULLED):
+        node_config.pop(NODE_STAMP_PREFIX + key, None)
 
 
 def runtime_client(address: str, insecure: bool, certificates: bytes | None,
@@ -163,7 +183,7 @@ def serve(address: str, insecure: bool = True, root_certificates: str | None = N
                 res = control.AcquireTask(
                     AcquireTaskRequest(supported_task_types=[TaskType.CLIENT_APP.value]))
                 if res.HasField("task") and res.token:
-                    run_task(address, res.token, insecure, certificates, apps)
+                    run_task(address, res.token, insecure, certificates, apps, time.time())
                     wait = POLL_FIRST_SECONDS
                     continue
             except Exception as ex:  # noqa: BLE001 - one failed task must not end the node

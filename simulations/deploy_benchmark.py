@@ -180,7 +180,8 @@ def round_stats(run_dir: Path) -> dict:
         "global_accuracy": [r["global_accuracy"] for r in rounds],
         # each part's median over the steady rounds, per phase (fedapps/timing.py)
         "timing": {phase: {key: statistics.median(r["timing"][phase][key] for r in steady)
-                           for key in steady[0]["timing"][phase]}
+                           for key in steady[0]["timing"][phase]
+                           if all(key in r["timing"][phase] for r in steady)}
                    for phase in steady[0].get("timing", {})
                    if all(phase in r.get("timing", {}) for r in steady)},
     }
@@ -188,16 +189,20 @@ def round_stats(run_dir: Path) -> dict:
 
 def timing_table(report: dict, modes: list[str]) -> str:
     """Where each mode's steady round went, as a Markdown table: per phase the slowest answer
-    and the medians of client, delivery and reply seconds (fedapps/timing.py)."""
-    rows = ["| mode | round (fit, eval) | phase | slowest | client | delivery | reply |",
-            "| --- | --- | --- | --- | --- | --- | --- |"]
+    and the medians of client, delivery and reply seconds, and of the delivery's parts where
+    a warm ClientApp stamped them (to node, pull, start; fedapps/timing.py)."""
+    rows = ["| mode | round (fit, eval) | phase | slowest | client | delivery | reply "
+            "| to node | pull | start |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for mode in modes:
         r = report.get(mode, {})
         for phase, t in r.get("timing", {}).items():
+            split = " | ".join(f"{t[f'{part}_median']:.2f}" if f"{part}_median" in t else "-"
+                               for part in ("to_node", "pull", "start"))
             rows.append(f"| {mode} | {r['steady_seconds']:.2f} ({r['fit_seconds']:.2f}, "
                         f"{r['eval_seconds']:.2f}) | {phase} | {t['round_trip_max']:.2f} | "
                         f"{t['client_median']:.2f} | {t['delivery_median']:.2f} | "
-                        f"{t['reply_median']:.2f} |")
+                        f"{t['reply_median']:.2f} | {split} |")
     return "\n".join(rows)
 
 

@@ -40,7 +40,7 @@ class RoundLog:
     failure_reasons: list[str] = field(default_factory=list)
     eval_expected: list[int] | None = None  # who must evaluate for a complete G (contract)
     # per phase ("fit": every step's training and cross-evaluation messages, "evaluate"), one
-    # [round trip, client, outside, delivery, reply] per answer (fedapps/timing.py)
+    # seconds per part of fedapps/timing.py's PARTS, per answer
     timings: dict[str, list[list[float]]] = field(default_factory=dict)
 
     def add_clients(self, partition_ids: list[int]) -> None:

@@ -95,7 +95,7 @@ class WaitingStep:
             self.pending.discard(partition_id)
 
     def timed(self, timing: list[float] | None) -> None:
-        """One answer's [round trip, client, outside, delivery, reply] (fedapps/timing.py)."""
+        """One answer's seconds per part (fedapps/timing.py PARTS)."""
         if timing is not None:
             with self.lock:
                 self.timings.append(timing)

@@ -89,6 +89,13 @@ def test_deployment_gives_the_simulation_numbers(tmp_path):
         assert t["fit"]["messages"] == 3 and t["evaluate"]["messages"] == 3
         assert 0 < t["fit"]["client_max"] < t["fit"]["round_trip_max"]
         assert t["fit"]["outside_median"] > 0 and t["fit"]["delivery_median"] > 0
+        # the warm ClientApps stamped each task: the delivery splits into the way to the node,
+        # the pulls (both take time) and the start (the loaded app: under a millisecond here),
+        # none longer than the longest delivery
+        for phase in ("fit", "evaluate"):
+            for part, least in (("to_node", 1e-3), ("pull", 1e-3), ("start", 0)):
+                assert least <= t[phase][f"{part}_median"] <= t[phase]["delivery_max"], (part, t)
+        assert "to_node_median" not in a["timing"]["fit"]  # the simulation has no such split
 
 
 def test_bad_updates_and_crashes_are_counted_not_aggregated(tmp_path):

@@ -9,7 +9,16 @@ from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
 from flwr.server.server import fit_clients
 
 from fedapps.client_app import DeferredClient
-from fedapps.timing import CLIENT_SECONDS, CLIENT_START, message_timing, summarize
+from fedapps.timing import (
+    CLIENT_SECONDS,
+    CLIENT_START,
+    INPUT_PULLED,
+    NODE_STAMP_PREFIX,
+    TASK_TAKEN,
+    message_timing,
+    node_stamps,
+    summarize,
+)
 from strategies.fedavg import FedAvg
 from tests.inprocess import ProxyManager
 from tests.test_waiting import Proxy
@@ -21,7 +30,29 @@ INIT = [np.zeros(3, dtype=np.float32)]
 def test_a_message_is_split_by_the_clients_report():
     # sent at 100, client ran 100.5-102.5, answer back at 103
     t = message_timing(100.0, 103.0, {CLIENT_START: 100.5, CLIENT_SECONDS: 2.0})
-    assert t == pytest.approx([3.0, 2.0, 1.0, 0.5, 0.5])  # trip, client, outside, there, back
+    assert t[:5] == pytest.approx([3.0, 2.0, 1.0, 0.5, 0.5])  # trip, client, outside, there, back
+    assert np.isnan(t[5:]).all()  # no warm ClientApp stamps: the delivery is not split
+
+
+def test_a_warm_clientapps_stamps_split_the_delivery():
+    # sent at 100, taken by the node's ClientApp at 100.25, pulled by 100.375, client_fn 100.5
+    t = message_timing(100.0, 103.0, {CLIENT_START: 100.5, CLIENT_SECONDS: 2.0,
+                                      TASK_TAKEN: 100.25, INPUT_PULLED: 100.375})
+    assert t == pytest.approx([3.0, 2.0, 1.0, 0.5, 0.5, 0.25, 0.125, 0.125])
+    s = summarize([t, message_timing(100.0, 103.0, {CLIENT_START: 100.5, CLIENT_SECONDS: 2.0})])
+    assert (s["to_node_median"], s["pull_max"], s["start_max"]) == (0.25, 0.125, 0.125)
+    assert s["delivery_median"] == 0.5 and s["messages"] == 2  # unsplit answers still count
+    assert "to_node_median" not in summarize([t[:5]])  # a part no answer has is left out
+
+
+def test_the_node_config_carries_the_stamps_to_the_client():
+    node = {"partition-id": 3, NODE_STAMP_PREFIX + TASK_TAKEN: 5.0,
+            NODE_STAMP_PREFIX + INPUT_PULLED: 6}
+    assert node_stamps(node) == {TASK_TAKEN: 5.0, INPUT_PULLED: 6.0}
+    assert node_stamps({"partition-id": 3, NODE_STAMP_PREFIX + TASK_TAKEN: "x"}) == {}
+    client = DeferredClient(0, None, SlowClient, (1.0, time.perf_counter()), node_stamps(node))
+    _, _, metrics = client.fit(INIT, {})
+    assert (metrics[TASK_TAKEN], metrics[INPUT_PULLED], metrics[CLIENT_START]) == (5.0, 6.0, 1.0)
 
 
 @pytest.mark.parametrize("metrics", [{}, {CLIENT_START: 1.0}, {CLIENT_START: 1.0,
@@ -94,6 +125,7 @@ def test_a_step_records_each_part_of_its_messages_and_keeps_them_out_of_client_m
         assert want - 0.01 <= fit[f"{part}_median"] <= want + slack, (part, fit)
     # the lower bounds tell the 0.2 s before the client from the 0.3 s after it
     assert records[0]["client_fit_metrics"] == {"0": {}, "1": {}, "2": {}}
+    assert "to_node_median" not in fit  # no warm ClientApp here
 
 
 def test_the_benchmark_reports_the_steady_rounds_median_split(tmp_path):
@@ -116,4 +148,12 @@ def test_the_benchmark_reports_the_steady_rounds_median_split(tmp_path):
     assert stats["timing"]["fit"]["round_trip_max"] == 7.0  # median of 6, 8, 7; not round 1
     assert stats["timing"]["fit"]["delivery_median"] == 2.0
     table = timing_table({"deploy_warm": stats}, ["deploy_warm"]).splitlines()
-    assert table[2] == "| deploy_warm | 8.00 (7.00, 1.00) | fit | 7.00 | 1.00 | 2.00 | 0.50 |"
+    assert table[2] == ("| deploy_warm | 8.00 (7.00, 1.00) | fit | 7.00 | 1.00 | 2.00 | 0.50 "
+                        "| - | - | - |")
+    # a warm ClientApp's split of the delivery, in every steady round, gets its columns
+    for r in rounds[1:]:
+        r["timing"]["fit"].update(to_node_median=1.5, pull_median=0.25, start_median=0.125)
+    rounds[2]["timing"]["fit"].pop("start_median")  # not in every steady round: left out
+    (tmp_path / "results.json").write_text(json.dumps({"rounds": rounds}))
+    row = timing_table({"w": round_stats(tmp_path)}, ["w"]).splitlines()[2]
+    assert row.endswith("| 2.00 | 0.50 | 1.50 | 0.25 | - |")

@@ -71,3 +71,47 @@ def test_a_quick_nodes_clientapp_waits_at_most_its_poll_max(monkeypatch):
     delays = [picked - ready for ready, picked in node.picked]
     assert len(delays) == 2 and max(delays) <= 0.5
     assert 20 / 0.5 <= node.polls <= 20 / 0.5 + 2 * 5  # idle at 0.5 s, not 1 s
+
+
+def test_a_task_hands_its_stamps_to_the_app_and_returns_the_context_without_them(monkeypatch):
+    """The warm ClientApp stamps when it took the task and when its input was pulled into the
+    node config the app's client_fn reads (fedapps/timing.py), and takes them out before the
+    context goes back to the SuperNode."""
+    import time
+
+    import flwr.supercore.heartbeat as heartbeat
+    import flwr.supernode.runtime.run_clientapp as runtime
+    from flwr.common import Context, RecordDict
+
+    from fedapps.timing import INPUT_PULLED, NODE_STAMP_PREFIX, TASK_TAKEN, node_stamps
+
+    context = Context(run_id=1, node_id=2, node_config={"partition-id": 0}, state=RecordDict(),
+                      run_config={})
+    seen, pushed = {}, {}
+
+    class Beat:
+        def __init__(self, fn):
+            pass
+
+        start = stop = lambda self: None
+
+    class App:
+        def get(self, run, fab):
+            return lambda message, context: seen.update(node_stamps(context.node_config)) or "r"
+
+    class Connection:
+        def close(self):
+            pass
+
+    monkeypatch.setattr(warm, "runtime_client", lambda *a: Connection())
+    monkeypatch.setattr(heartbeat, "HeartbeatSender", Beat)
+    monkeypatch.setattr(heartbeat, "make_task_heartbeat_fn_http", lambda client: None)
+    monkeypatch.setattr(runtime, "pull_task_input", lambda client: ("m", context, "run", "fab"))
+    monkeypatch.setattr(runtime, "push_message", lambda c, reply, ctx: pushed.update(reply=reply))
+    monkeypatch.setattr(runtime, "push_task_output",
+                        lambda c, ctx, status, details: pushed.update(config=dict(ctx.node_config)))
+    taken = time.time() - 0.5
+    assert warm.run_task("addr", "token", True, None, App(), taken)
+    assert seen[TASK_TAKEN] == taken and taken + 0.5 <= seen[INPUT_PULLED] <= time.time()
+    assert pushed == {"reply": "r", "config": {"partition-id": 0}}
+    assert not any(k.startswith(NODE_STAMP_PREFIX) for k in context.node_config)
