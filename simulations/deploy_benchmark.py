@@ -10,7 +10,8 @@ resident memory (RSS, and PSS, which splits pages shared between processes) of t
 its largest ClientApp process; and the CPU seconds every process of a run used, by kind
 (SuperLink, SuperNodes, ClientApps, Ray workers, ...). Each run's steady rounds also say where
 each message's time went (results.json `timing`: in the client, or on the way there and back;
-fedapps/timing.py). A fresh interpreter also times what each cold message pays before
+fedapps/timing.py; message_timing.png draws a median message's way per mode and phase). A
+fresh interpreter also times what each cold message pays before
 training (imports + data) and one fit, with the peak RSS after each stage (and whether the
 fit imported torch._dynamo); `--python` runs that probe under another environment's
 interpreter (the lean node install of deploy/README.md).
@@ -206,6 +207,60 @@ def timing_table(report: dict, modes: list[str]) -> str:
     return "\n".join(rows)
 
 
+# A median message's way, in order: the delivery (split where a warm ClientApp stamped it),
+# the client, the reply (fedapps/timing.py)
+SEGMENTS = (("to_node", "to the node"), ("pull", "ClientApp's pulls"), ("start", "to client_fn"),
+            ("delivery", "delivery"), ("client", "client"), ("reply", "reply"))
+
+
+def message_segments(report: dict, modes: list[str]) -> list[tuple[str, list[tuple[str, float]]]]:
+    """(mode: phase, [(segment, median seconds), ...]) per mode and phase of the steady
+    rounds: a warm ClientApp's to_node, pull and start where stamped, else the whole delivery."""
+    rows = []
+    for mode in modes:
+        for phase, t in report.get(mode, {}).get("timing", {}).items():
+            split = all(f"{part}_median" in t for part in ("to_node", "pull", "start"))
+            parts = ("to_node", "pull", "start", "client", "reply") if split \
+                else ("delivery", "client", "reply")
+            rows.append((f"{mode}: {phase}", [(part, max(0.0, t[f"{part}_median"]))
+                                              for part in parts]))
+    return rows
+
+
+def plot_message_segments(report: dict, modes: list[str], path: Path) -> Path | None:
+    """Horizontal stacked bars of message_segments (a median message per mode and phase)."""
+    rows = message_segments(report, modes)
+    if not rows:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = dict(SEGMENTS)
+    colors = dict(zip(names, plt.get_cmap("tab10").colors, strict=False))
+    fig, ax = plt.subplots(figsize=(8, 0.5 * len(rows) + 2.2))
+    drawn = {}
+    for y, (_, parts) in enumerate(rows):
+        left = 0.0
+        for part, seconds in parts:
+            drawn[part] = ax.barh(y, seconds, left=left, color=colors[part])
+            left += seconds
+    ax.set_yticks(range(len(rows)), [label for label, _ in rows])
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds (medians over a step's messages, steady rounds)")
+    ax.set_title("Where a message's time goes")
+    order = [part for part in names if part in drawn]
+    ax.legend([drawn[part] for part in order], [names[part] for part in order], fontsize=8,
+              loc="upper center", bbox_to_anchor=(0.5, -0.16),
+              ncol=min(len(order), 6))
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def startup_probe(experiment: str, sets: list[str], python: str = sys.executable) -> dict:
     """What a fresh interpreter pays before a message's training (imports, then partition 0's
     data), the same data again in that process, one fit of partition 0, and the peak RSS after
@@ -277,6 +332,9 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "deploy_benchmark.json").write_text(json.dumps(report, indent=1))
     print(json.dumps(report, indent=1))
     print(timing_table(report, modes))
+    plot = plot_message_segments(report, modes, args.out / "message_timing.png")
+    if plot is not None:
+        print(f"plot: {plot}")
     accuracies = [report[m]["global_accuracy"] for m in modes]
     same = all(a == accuracies[0] for a in accuracies)
     print(f"same accuracies in every run: {same}")

@@ -157,3 +157,24 @@ def test_the_benchmark_reports_the_steady_rounds_median_split(tmp_path):
     (tmp_path / "results.json").write_text(json.dumps({"rounds": rounds}))
     row = timing_table({"w": round_stats(tmp_path)}, ["w"]).splitlines()[2]
     assert row.endswith("| 2.00 | 0.50 | 1.50 | 0.25 | - |")
+
+
+def test_the_benchmark_draws_a_median_messages_way(tmp_path):
+    """deploy_benchmark's plot stacks a median message's parts: the warm ClientApp's split of
+    the delivery where every split part is there, the whole delivery otherwise."""
+    from simulations.deploy_benchmark import message_segments, plot_message_segments
+
+    warm = {"to_node_median": 1.5, "pull_median": 0.25, "start_median": -0.001,
+            "delivery_median": 1.75, "client_median": 2.0, "reply_median": 0.5}
+    sim = {"delivery_median": 0.5, "client_median": 1.0, "reply_median": 0.125}
+    report = {"simulation": {"timing": {"fit": sim}},
+              "deploy_warm": {"timing": {"fit": warm, "evaluate": {**sim, "pull_median": 1}}}}
+    rows = message_segments(report, ["simulation", "deploy_warm"])
+    assert rows == [("simulation: fit", [("delivery", 0.5), ("client", 1.0), ("reply", 0.125)]),
+                    ("deploy_warm: fit", [("to_node", 1.5), ("pull", 0.25), ("start", 0.0),
+                                          ("client", 2.0), ("reply", 0.5)]),
+                    ("deploy_warm: evaluate", [("delivery", 0.5), ("client", 1.0),
+                                               ("reply", 0.125)])]
+    path = plot_message_segments(report, ["simulation", "deploy_warm"], tmp_path / "m.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert plot_message_segments({}, ["simulation"], tmp_path / "none.png") is None
