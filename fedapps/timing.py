@@ -19,14 +19,18 @@ counted (the simulation's Ray workers queue the messages anyway). Per message:
 - on a node with a warm ClientApp (fedapps/warm_clientapp.py) the delivery splits further, as
   that process stamps the task when it takes it from its SuperNode and when it has pulled the
   message, context and FAB: to_node = taken - sent (the server's push through the SuperLink,
-  the SuperNode's pull and the ClientApp's poll), pull = pulled - taken (opening the task's
-  connection, the Runtime API's PullTaskInput, PullMessages and object pulls), start = client
-  start - pulled (the ClientApp's message handling up to client_fn). A Flower ClientApp
-  process per message stamps nothing.
+  the SuperNode's pull, the ClientApp's poll, and any wait behind the node's previous task),
+  pull = pulled - taken (opening the task's connection, the Runtime API's PullTaskInput,
+  PullMessages and object pulls), start = client start - pulled (loading a new FAB's app, and
+  the ClientApp's message handling up to client_fn). Per message to_node + pull + start =
+  delivery. A Flower ClientApp process per message stamps nothing.
 
 A deployed step slower than the simulated one shows here whether its clients computed longer
 or its messages travelled longer (docs/PERFORMANCE.md). Results keep a per-round summary
-(results.json `timing`); the keys never reach `client_fit_metrics`, which stay deterministic.
+(results.json `timing`): each part's median and maximum on its own (medians of parts do not
+add up to the median of their sum), the split's over the stamped messages only
+(`split_messages` of `messages`); the keys never reach `client_fit_metrics`, which stay
+deterministic.
 """
 
 from __future__ import annotations
@@ -41,7 +45,8 @@ CLIENT_START, CLIENT_SECONDS = "client-start", "client-seconds"
 TASK_TAKEN, INPUT_PULLED = "task-taken", "input-pulled"  # warm ClientApp's stamps (time.time())
 TASK_STAMPS = (TASK_TAKEN, INPUT_PULLED)
 TIMING_KEYS = frozenset((CLIENT_START, CLIENT_SECONDS, *TASK_STAMPS))
-PARTS = ("round_trip", "client", "outside", "delivery", "reply", "to_node", "pull", "start")
+SPLIT_PARTS = ("to_node", "pull", "start")  # the delivery's parts, from the stamps
+PARTS = ("round_trip", "client", "outside", "delivery", "reply", *SPLIT_PARTS)
 # The warm ClientApp hands its stamps to client_fn in the node config under these keys, and
 # removes them before the context goes back to the SuperNode.
 NODE_STAMP_PREFIX = "fedapps-"
@@ -55,14 +60,15 @@ def client_timing(started_wall: float, started: float,
             CLIENT_SECONDS: time.perf_counter() - started}
 
 
+def is_number(v: Any) -> bool:
+    """A finite int or float, not a bool."""
+    return isinstance(v, int | float) and not isinstance(v, bool) and bool(np.isfinite(v))
+
+
 def node_stamps(node_config: Mapping[str, Any]) -> dict[str, float]:
     """The warm ClientApp's stamps of this task, read from the node config (none elsewhere)."""
     return {k: float(node_config[NODE_STAMP_PREFIX + k]) for k in TASK_STAMPS
-            if isinstance(node_config.get(NODE_STAMP_PREFIX + k), int | float)}
-
-
-def _number(v: Any) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool) and bool(np.isfinite(v))
+            if is_number(node_config.get(NODE_STAMP_PREFIX + k))}
 
 
 def message_timing(sent: float, back: float, metrics: Mapping[str, Any]) -> list[float] | None:
@@ -70,25 +76,29 @@ def message_timing(sent: float, back: float, metrics: Mapping[str, Any]) -> list
     the client's metrics (to_node, pull and start NaN without a warm ClientApp's stamps);
     None when the client reported no timing (a client of older code, a test double)."""
     start, seconds = metrics.get(CLIENT_START), metrics.get(CLIENT_SECONDS)
-    if not (_number(start) and _number(seconds)):
+    if not (is_number(start) and is_number(seconds)):
         return None
     trip, start, seconds = back - sent, float(start), float(seconds)
     taken, pulled = (metrics.get(k) for k in TASK_STAMPS)
     split = ([taken - sent, pulled - taken, start - pulled]
-             if _number(taken) and _number(pulled) else [np.nan] * 3)
+             if is_number(taken) and is_number(pulled) else [np.nan] * len(SPLIT_PARTS))
     return [trip, seconds, trip - seconds, start - sent, back - (start + seconds), *split]
 
 
 def summarize(timings: Sequence[Sequence[float]]) -> dict[str, float | int]:
-    """Median and maximum of each part over a phase's messages, in seconds (ms precision);
-    a part no message has (the warm ClientApp's split, elsewhere) is left out."""
+    """Median and maximum of each part over a phase's messages, in seconds (ms precision),
+    each over the messages that have it; a part no message has (the warm ClientApp's split,
+    elsewhere) is left out, and `split_messages` counts those that have the split."""
     if not timings:
         return {}
     a = np.asarray([list(t) + [np.nan] * (len(PARTS) - len(t)) for t in timings], dtype=float)
     out: dict[str, float | int] = {"messages": len(a)}
+    split = int((~np.isnan(a[:, PARTS.index(SPLIT_PARTS[0])])).sum())
+    if split:
+        out["split_messages"] = split
     for i, part in enumerate(PARTS):
         column = a[:, i][~np.isnan(a[:, i])]
-        if len(column):
-            out[f"{part}_median"] = round(float(np.median(column)), 3)
-            out[f"{part}_max"] = round(float(column.max()), 3)
+        if len(column):  # + 0.0: no -0.0 in results.json
+            out[f"{part}_median"] = round(float(np.median(column)), 3) + 0.0
+            out[f"{part}_max"] = round(float(column.max()), 3) + 0.0
     return out

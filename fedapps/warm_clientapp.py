@@ -28,8 +28,7 @@ import sys
 import time
 from logging import DEBUG, ERROR, INFO
 from pathlib import Path
-
-from fedapps.timing import INPUT_PULLED, NODE_STAMP_PREFIX, TASK_TAKEN
+from typing import Any
 
 # Polls of the SuperNode for a task: fast right after start and after each task, then slower
 # while idle, up to Flower's SuperExec's once a second. A poll is an HTTP request that this
@@ -37,6 +36,10 @@ from fedapps.timing import INPUT_PULLED, NODE_STAMP_PREFIX, TASK_TAKEN
 # ClientApps and SuperNodes used 222 CPU seconds of a 153 s run on 2 cores, where the same
 # experiment simulated used 43 in all (docs/PERFORMANCE.md, "On a quiet machine").
 POLL_FIRST_SECONDS, POLL_MAX_SECONDS = 0.05, 1.0
+# The node-config keys of a task's stamps, as fedapps/timing.py reads them (a test checks they
+# agree). Spelled out here: this process imports no fedapps module the app also imports, so a
+# FAB whose code differs from this node's install brings its own (forget_modules_under).
+STAMP_KEYS = ("fedapps-task-taken", "fedapps-input-pulled")
 
 
 class WarmClientApps:
@@ -128,16 +131,15 @@ def run_task(address: str, token: str, insecure: bool, certificates: bytes | Non
     return status == SubStatus.COMPLETED
 
 
-def stamp(node_config: dict, taken: float, pulled: float) -> None:
+def stamp(node_config: dict[str, Any], taken: float, pulled: float) -> None:
     """Hand the task's stamps to client_fn (fedapps/client_app.py) in the node config."""
-    node_config[NODE_STAMP_PREFIX + TASK_TAKEN] = taken
-    node_config[NODE_STAMP_PREFIX + INPUT_PULLED] = pulled
+    node_config.update(zip(STAMP_KEYS, (taken, pulled), strict=True))
 
 
-def unstamp(node_config: dict) -> None:
+def unstamp(node_config: dict[str, Any]) -> None:
     """Remove the stamps, so the context goes back to the SuperNode as it came."""
-    for key in (TASK_TAKEN, INPUT_PULLED):
-        node_config.pop(NODE_STAMP_PREFIX + key, None)
+    for key in STAMP_KEYS:
+        node_config.pop(key, None)
 
 
 def runtime_client(address: str, insecure: bool, certificates: bytes | None,

@@ -10,7 +10,7 @@ resident memory (RSS, and PSS, which splits pages shared between processes) of t
 its largest ClientApp process; and the CPU seconds every process of a run used, by kind
 (SuperLink, SuperNodes, ClientApps, Ray workers, ...). Each run's steady rounds also say where
 each message's time went (results.json `timing`: in the client, or on the way there and back;
-fedapps/timing.py; message_timing.png draws a median message's way per mode and phase). A
+fedapps/timing.py; message_timing.png stacks each part's median per mode and phase). A
 fresh interpreter also times what each cold message pays before
 training (imports + data) and one fit, with the peak RSS after each stage (and whether the
 fit imported torch._dynamo); `--python` runs that probe under another environment's
@@ -35,6 +35,7 @@ from pathlib import Path
 from fedapps.deploy import SuperNode, run_federation
 from fedapps.launcher import run_experiment
 from fedapps.processes import child_map, command_line, cpu_seconds, descendants
+from fedapps.timing import SPLIT_PARTS
 
 CLIENTAPP_MARKERS = ("flwr-clientapp", "fedapps.warm_clientapp")
 STARTUP_PROBE = """
@@ -198,29 +199,31 @@ def timing_table(report: dict, modes: list[str]) -> str:
     for mode in modes:
         r = report.get(mode, {})
         for phase, t in r.get("timing", {}).items():
-            split = " | ".join(f"{t[f'{part}_median']:.2f}" if f"{part}_median" in t else "-"
-                               for part in ("to_node", "pull", "start"))
+            split_cells = " | ".join(f"{t[f'{part}_median']:.2f}" if f"{part}_median" in t
+                                     else "-" for part in SPLIT_PARTS)
             rows.append(f"| {mode} | {r['steady_seconds']:.2f} ({r['fit_seconds']:.2f}, "
                         f"{r['eval_seconds']:.2f}) | {phase} | {t['round_trip_max']:.2f} | "
                         f"{t['client_median']:.2f} | {t['delivery_median']:.2f} | "
-                        f"{t['reply_median']:.2f} | {split} |")
+                        f"{t['reply_median']:.2f} | {split_cells} |")
     return "\n".join(rows)
 
 
-# A median message's way, in order: the delivery (split where a warm ClientApp stamped it),
-# the client, the reply (fedapps/timing.py)
+# The parts of a message's way, in order: the delivery (split where a warm ClientApp stamped
+# it), the client, the reply (fedapps/timing.py)
 SEGMENTS = (("to_node", "to the node"), ("pull", "ClientApp's pulls"), ("start", "to client_fn"),
             ("delivery", "delivery"), ("client", "client"), ("reply", "reply"))
 
 
 def message_segments(report: dict, modes: list[str]) -> list[tuple[str, list[tuple[str, float]]]]:
-    """(mode: phase, [(segment, median seconds), ...]) per mode and phase of the steady
-    rounds: a warm ClientApp's to_node, pull and start where stamped, else the whole delivery."""
+    """(mode: phase, [(part, median seconds), ...]) per mode and phase of the steady rounds:
+    a warm ClientApp's to_node, pull and start where stamped, else the whole delivery; then
+    client and reply. Each part's own median, so a row's sum is not any one message's time;
+    a negative part (two machines' clocks apart) counts as 0."""
     rows = []
     for mode in modes:
         for phase, t in report.get(mode, {}).get("timing", {}).items():
-            split = all(f"{part}_median" in t for part in ("to_node", "pull", "start"))
-            parts = ("to_node", "pull", "start", "client", "reply") if split \
+            has_split = all(f"{part}_median" in t for part in SPLIT_PARTS)
+            parts = (*SPLIT_PARTS, "client", "reply") if has_split \
                 else ("delivery", "client", "reply")
             rows.append((f"{mode}: {phase}", [(part, max(0.0, t[f"{part}_median"]))
                                               for part in parts]))
@@ -228,7 +231,7 @@ def message_segments(report: dict, modes: list[str]) -> list[tuple[str, list[tup
 
 
 def plot_message_segments(report: dict, modes: list[str], path: Path) -> Path | None:
-    """Horizontal stacked bars of message_segments (a median message per mode and phase)."""
+    """Horizontal bars of message_segments: each part's median, stacked, per mode and phase."""
     rows = message_segments(report, modes)
     if not rows:
         return None
@@ -240,7 +243,7 @@ def plot_message_segments(report: dict, modes: list[str], path: Path) -> Path | 
     names = dict(SEGMENTS)
     colors = dict(zip(names, plt.get_cmap("tab10").colors, strict=False))
     fig, ax = plt.subplots(figsize=(8, 0.5 * len(rows) + 2.2))
-    drawn = {}
+    drawn: dict[str, object] = {}
     for y, (_, parts) in enumerate(rows):
         left = 0.0
         for part, seconds in parts:
@@ -248,12 +251,11 @@ def plot_message_segments(report: dict, modes: list[str], path: Path) -> Path | 
             left += seconds
     ax.set_yticks(range(len(rows)), [label for label, _ in rows])
     ax.invert_yaxis()
-    ax.set_xlabel("seconds (medians over a step's messages, steady rounds)")
+    ax.set_xlabel("seconds: each part's median over a step's messages, stacked (steady rounds)")
     ax.set_title("Where a message's time goes")
     order = [part for part in names if part in drawn]
     ax.legend([drawn[part] for part in order], [names[part] for part in order], fontsize=8,
-              loc="upper center", bbox_to_anchor=(0.5, -0.16),
-              ncol=min(len(order), 6))
+              loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=min(len(order), 6))
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -42,6 +42,9 @@ def test_a_warm_clientapps_stamps_split_the_delivery():
     s = summarize([t, message_timing(100.0, 103.0, {CLIENT_START: 100.5, CLIENT_SECONDS: 2.0})])
     assert (s["to_node_median"], s["pull_max"], s["start_max"]) == (0.25, 0.125, 0.125)
     assert s["delivery_median"] == 0.5 and s["messages"] == 2  # unsplit answers still count
+    assert s["split_messages"] == 1  # the split's medians are over the stamped answer only
+    assert "split_messages" not in summarize([t[:5]])
+    assert str(summarize([[0, 0, 0, -0.0004, 0]])["delivery_median"]) == "0.0"  # not -0.0
     assert "to_node_median" not in summarize([t[:5]])  # a part no answer has is left out
 
 
@@ -49,7 +52,8 @@ def test_the_node_config_carries_the_stamps_to_the_client():
     node = {"partition-id": 3, NODE_STAMP_PREFIX + TASK_TAKEN: 5.0,
             NODE_STAMP_PREFIX + INPUT_PULLED: 6}
     assert node_stamps(node) == {TASK_TAKEN: 5.0, INPUT_PULLED: 6.0}
-    assert node_stamps({"partition-id": 3, NODE_STAMP_PREFIX + TASK_TAKEN: "x"}) == {}
+    for bad in ("x", True, float("nan")):
+        assert node_stamps({"partition-id": 3, NODE_STAMP_PREFIX + TASK_TAKEN: bad}) == {}
     client = DeferredClient(0, None, SlowClient, (1.0, time.perf_counter()), node_stamps(node))
     _, _, metrics = client.fit(INIT, {})
     assert (metrics[TASK_TAKEN], metrics[INPUT_PULLED], metrics[CLIENT_START]) == (5.0, 6.0, 1.0)
@@ -160,7 +164,7 @@ def test_the_benchmark_reports_the_steady_rounds_median_split(tmp_path):
 
 
 def test_the_benchmark_draws_a_median_messages_way(tmp_path):
-    """deploy_benchmark's plot stacks a median message's parts: the warm ClientApp's split of
+    """deploy_benchmark's plot stacks each part's median: the warm ClientApp's split of
     the delivery where every split part is there, the whole delivery otherwise."""
     from simulations.deploy_benchmark import message_segments, plot_message_segments
 
@@ -178,3 +182,15 @@ def test_the_benchmark_draws_a_median_messages_way(tmp_path):
     path = plot_message_segments(report, ["simulation", "deploy_warm"], tmp_path / "m.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert plot_message_segments({}, ["simulation"], tmp_path / "none.png") is None
+
+
+def test_the_warm_clientapp_writes_the_keys_the_client_reads():
+    """fedapps/warm_clientapp.py spells the keys out (it imports no fedapps module a FAB also
+    brings); they must be the ones node_stamps reads."""
+    from fedapps.timing import TASK_STAMPS
+    from fedapps.warm_clientapp import STAMP_KEYS, stamp
+
+    assert tuple(NODE_STAMP_PREFIX + k for k in TASK_STAMPS) == STAMP_KEYS
+    node = {}
+    stamp(node, 1.5, 2.5)
+    assert node_stamps(node) == {TASK_TAKEN: 1.5, INPUT_PULLED: 2.5}

@@ -3,6 +3,8 @@
 A poll is an HTTP request the SuperNode answers; a fixed 0.05 s poll cost 20 warm nodes more CPU
 than their training on a 2-core machine (docs/PERFORMANCE.md). Time is virtual here."""
 
+import pytest
+
 import fedapps.warm_clientapp as warm
 
 
@@ -73,10 +75,12 @@ def test_a_quick_nodes_clientapp_waits_at_most_its_poll_max(monkeypatch):
     assert 20 / 0.5 <= node.polls <= 20 / 0.5 + 2 * 5  # idle at 0.5 s, not 1 s
 
 
-def test_a_task_hands_its_stamps_to_the_app_and_returns_the_context_without_them(monkeypatch):
+@pytest.mark.parametrize("fails", [False, True])
+def test_a_task_hands_its_stamps_to_the_app_and_returns_the_context_without_them(monkeypatch,
+                                                                                  fails):
     """The warm ClientApp stamps when it took the task and when its input was pulled into the
     node config the app's client_fn reads (fedapps/timing.py), and takes them out before the
-    context goes back to the SuperNode."""
+    context goes back to the SuperNode, also when the app raises."""
     import time
 
     import flwr.supercore.heartbeat as heartbeat
@@ -95,9 +99,15 @@ def test_a_task_hands_its_stamps_to_the_app_and_returns_the_context_without_them
 
         start = stop = lambda self: None
 
-    class App:
+    def app(message, context):
+        seen.update(node_stamps(context.node_config))
+        if fails:
+            raise RuntimeError("the client failed")
+        return "r"
+
+    class Apps:
         def get(self, run, fab):
-            return lambda message, context: seen.update(node_stamps(context.node_config)) or "r"
+            return app
 
     class Connection:
         def close(self):
@@ -110,8 +120,12 @@ def test_a_task_hands_its_stamps_to_the_app_and_returns_the_context_without_them
     monkeypatch.setattr(runtime, "push_message", lambda c, reply, ctx: pushed.update(reply=reply))
     monkeypatch.setattr(runtime, "push_task_output",
                         lambda c, ctx, status, details: pushed.update(config=dict(ctx.node_config)))
+    if fails:  # the error reply Flower's ClientApp sends, without a real message to answer
+        import flwr.app
+
+        monkeypatch.setattr(flwr.app, "Message", lambda content, reply_to: "error reply")
     taken = time.time() - 0.5
-    assert warm.run_task("addr", "token", True, None, App(), taken)
+    assert warm.run_task("addr", "token", True, None, Apps(), taken) is not fails
     assert seen[TASK_TAKEN] == taken and taken + 0.5 <= seen[INPUT_PULLED] <= time.time()
-    assert pushed == {"reply": "r", "config": {"partition-id": 0}}
+    assert pushed == {"reply": "error reply" if fails else "r", "config": {"partition-id": 0}}
     assert not any(k.startswith(NODE_STAMP_PREFIX) for k in context.node_config)
