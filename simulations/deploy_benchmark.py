@@ -11,10 +11,10 @@ its largest ClientApp process; and the CPU seconds every process of a run used, 
 (SuperLink, SuperNodes, ClientApps, Ray workers, ...). Each run's steady rounds also say where
 each message's time went (results.json `timing`: in the client, or on the way there and back;
 fedapps/timing.py; message_timing.png stacks each part's median per mode and phase). A
-fresh interpreter also times what each cold message pays before
-training (imports + data) and one fit, with the peak RSS after each stage (and whether the
-fit imported torch._dynamo); `--python` runs that probe under another environment's
-interpreter (the lean node install of deploy/README.md).
+fresh interpreter also times what each cold message pays before training (imports + data)
+and one fit, with the peak RSS after each stage (and whether the fit imported torch._dynamo),
+then what importing a warm ClientApp's Flower runtime adds; `--python` runs that probe under
+another environment's interpreter (the lean node install of deploy/README.md).
 
     FEDAPPS_DATA_ROOT=../shared/data python -m simulations.deploy_benchmark --out DIR
 """
@@ -41,9 +41,12 @@ CLIENTAPP_MARKERS = ("flwr-clientapp", "fedapps.warm_clientapp")
 STARTUP_PROBE = """
 import json, sys, time
 
-def peak_mb():
-    line = next(l for l in open("/proc/self/status") if l.startswith("VmHWM"))
+def status_mb(key):
+    line = next(l for l in open("/proc/self/status") if l.startswith(key))
     return int(line.split()[1]) // 1024
+
+peak_mb = lambda: status_mb("VmHWM")
+rss_mb = lambda: status_mb("VmRSS")
 
 t0 = time.perf_counter()
 import torch
@@ -70,12 +73,20 @@ params = client.get_parameters(GetParametersIns({})).parameters
 t4 = time.perf_counter()
 fit = client.fit(FitIns(params, {"server-round": 1}))
 t5 = time.perf_counter()
+# what a warm ClientApp adds on top: Flower's Runtime API client and its imports
+before_runtime = rss_mb()
+import flwr.cli.install, flwr.clientapp.utils, flwr.supercore.heartbeat
+import flwr.supernode.runtime.run_clientapp
+runtime_mb = rss_mb() - before_runtime
 print(json.dumps({"torch": torch.__version__, "imports_s": round(t1 - t0, 2),
                   "data_s": round(t2 - t1, 2), "again_s": round(t3 - t2, 4),
                   "fit_s": round(t5 - t4, 2), "fit_examples": fit.num_examples,
                   "torch_rss_mb": torch_mb, "app_rss_mb": app_mb, "peak_rss_mb": data_mb,
                   "fit_peak_rss_mb": peak_mb(),
-                  "torch_dynamo_imported": "torch._dynamo" in sys.modules}))
+                  "torch_dynamo_imported": "torch._dynamo" in sys.modules,
+                  "warm_runtime_rss_mb": runtime_mb,
+                  "warm_runtime_brings": sorted(m for m in ("fastapi", "pydantic", "httpx",
+                                                            "grpc") if m in sys.modules)}))
 """
 
 

@@ -31,3 +31,5 @@ def test_the_startup_probe_builds_and_fits_a_client_in_a_fresh_interpreter():
     # torch.optim's SGD imports the torch.compile front end (about 70 MB) on its first use;
     # the client's EagerSGD (clients/optim.py) trains without it
     assert report["torch_dynamo_imported"] is False
+    # a warm ClientApp's Flower runtime, measured on top (docs/PERFORMANCE.md, "A lean node")
+    assert report["warm_runtime_rss_mb"] >= 0 and isinstance(report["warm_runtime_brings"], list)
