@@ -36,6 +36,13 @@ from typing import Any
 # ClientApps and SuperNodes used 222 CPU seconds of a 153 s run on 2 cores, where the same
 # experiment simulated used 43 in all (docs/PERFORMANCE.md, "On a quiet machine").
 POLL_FIRST_SECONDS, POLL_MAX_SECONDS = 0.05, 1.0
+# A task's objects the SuperNode does not hold yet: look again after 0.05 s, doubling to 1 s.
+# Flower's SuperNode makes a task visible before it has pulled the message's objects from the
+# SuperLink, and Flower's ClientApp then retries each missing object after 1 s, doubling to
+# 10 s: with a quick SuperNode's shorter waits a warm ClientApp hit that on most messages
+# (its pulls took 1.2 s a message, against 0.1 s beside Flower's slower pull; docs/
+# PERFORMANCE.md, "Where a deployed step's time goes").
+OBJECT_RETRY_FIRST_SECONDS, OBJECT_RETRY_MAX_SECONDS = 0.05, 1.0
 # The node-config keys of a task's stamps, as fedapps/timing.py reads them (a test checks they
 # agree). Spelled out here: this process imports no fedapps module the app also imports, so a
 # FAB whose code differs from this node's install brings its own (forget_modules_under).
@@ -131,6 +138,19 @@ def run_task(address: str, token: str, insecure: bool, certificates: bytes | Non
     return status == SubStatus.COMPLETED
 
 
+def prompt_object_pulls() -> None:
+    """Make Flower's ClientApp steps, in this process, retry a missing object of a task on
+    OBJECT_RETRY_*'s schedule (Flower's own function, called with a shorter backoff)."""
+    import functools
+
+    import flwr.supernode.runtime.run_clientapp as runtime
+    from flwr.supercore.inflatable.inflatable_utils import pull_and_inflate_object_from_tree
+
+    runtime.pull_and_inflate_object_from_tree = functools.partial(
+        pull_and_inflate_object_from_tree, initial_backoff=OBJECT_RETRY_FIRST_SECONDS,
+        backoff_cap=OBJECT_RETRY_MAX_SECONDS)
+
+
 def stamp(node_config: dict[str, Any], taken: float, pulled: float) -> None:
     """Hand the task's stamps to client_fn (fedapps/client_app.py) in the node config."""
     node_config.update(zip(STAMP_KEYS, (taken, pulled), strict=True))
@@ -175,6 +195,7 @@ def serve(address: str, insecure: bool = True, root_certificates: str | None = N
     if parent_pid is not None:
         start_parent_process_monitor(parent_pid)  # SIGINT here when the SuperNode is gone
     certificates = validate_and_resolve_root_certificates(root_certificates, insecure)
+    prompt_object_pulls()
     control = runtime_client(address, insecure, certificates)
     apps = WarmClientApps()
     log(INFO, "[warm-clientapp] serving ClientApp tasks of %s", address)
