@@ -57,9 +57,14 @@ def test_an_already_patched_loop_is_refused(tmp_path, monkeypatch):
 def test_install_patches_only_the_loops_module(monkeypatch):
     loop = importlib.import_module("flwr.supernode.start_client_internal")
     monkeypatch.setattr(loop, "time", time)  # undone after the test
+    flower_pull = loop.pull_objects
+    monkeypatch.setattr(loop, "pull_objects", flower_pull)
     installed = quick.install(0.25)
     assert loop.time is installed and installed.pull_interval == 0.25
     assert time.sleep is not installed.sleep  # the real module is untouched
+    # a message's objects not yet at the SuperLink: looked for again after 0.05 s, up to 0.25
+    assert loop.pull_objects.func is flower_pull
+    assert loop.pull_objects.keywords == {"initial_backoff": 0.05, "backoff_cap": 0.25}
 
 
 def test_bad_interval_exits_before_flower_starts(capsys):
