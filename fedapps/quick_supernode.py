@@ -92,7 +92,10 @@ def check_loop(module: ModuleType) -> None:
     except OSError:  # an install without .py sources: nothing to check against
         source = ""
     sleeps = re.findall(r"\btime\.sleep\(([^)]*)\)", source)
-    if sleeps != KNOWN_SLEEPS or getattr(module, "time", None) is not time:
+    pull = getattr(module, "pull_objects", None)
+    retries = {"initial_backoff", "backoff_cap", "max_tries_per_object"}
+    if sleeps != KNOWN_SLEEPS or getattr(module, "time", None) is not time or pull is None \
+            or not retries <= set(inspect.signature(pull).parameters):
         raise ConfigError(
             f"--pull-interval: flwr {flwr.__version__}'s SuperNode loop is not the one this "
             f"option shortens (flwr 1.41-1.42: sleeps {KNOWN_SLEEPS} in {module.__name__}, "
@@ -110,9 +113,10 @@ def install(pull_interval: float) -> QuickSleeps:
     check_loop(loop)
     quick = QuickSleeps(pull_interval)
     loop.time = quick
+    # no cap on the tries (Flower's 2 h limit holds): 500 would end after 25 s at 0.05 s
     loop.pull_objects = functools.partial(loop.pull_objects,
                                           initial_backoff=SHORTEST_PULL_SECONDS,
-                                          backoff_cap=pull_interval)
+                                          backoff_cap=pull_interval, max_tries_per_object=None)
     return quick
 
 

@@ -3,7 +3,9 @@
 `paired.md` (simulations/paired.py) compares the best and the final round; this follows the
 whole run. For each round it pairs the two cells' runs by seed (the same partition and
 initialization) and prints the mean difference (cell - baseline) +- its sample std over the
-seeds and the paired t-test's two-sided p. Used in docs/RESULTS.md:
+seeds, the paired t-test's and the exact sign-flip test's two-sided p (the smallest sign-flip p
+is 2/2^n: 0.25 at 3 seeds). The metric is G (global_accuracy) unless `--metric` names another
+per-round key; paired.md's headline may be the official test split's. Used in docs/RESULTS.md:
 
     python -m simulations.paired_rounds thesis-fig5.2-fmnist \\
         --cell "data.target-emd=1.4,variant=fedaug-0.8" \\
@@ -20,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from fedapps.errors import ConfigError
-from simulations.paired import t_test_p
+from simulations.paired import sign_flip_p, t_test_p
 from simulations.reproduce import collect, load_grid
 
 
@@ -44,17 +46,22 @@ def round_differences(base: list[dict[str, Any]], other: list[dict[str, Any]], k
 
 def round_table(by_cell: dict[str, list[dict[str, Any]]], cell: str, baseline: str,
                 key: str = "global_accuracy", scale: float = 100.0) -> str:
-    """Markdown: per round the seeds, the mean paired difference +- std and the t-test's p."""
+    """Markdown: per round the seeds, the mean paired difference +- std and the two p."""
     for label in (cell, baseline):
         if label not in by_cell:
             raise ConfigError(f"{label}: no completed run of that cell; cells with runs: "
                               f"{', '.join(by_cell) or 'none'}")
-    lines = [f"| round | seeds | {cell} - {baseline} | p (t) |", "| --- | --- | --- | --- |"]
-    for rnd, diffs in round_differences(by_cell[baseline], by_cell[cell], key, scale):
+    rounds = round_differences(by_cell[baseline], by_cell[cell], key, scale)
+    if not rounds:
+        raise ConfigError(f"{key}: no round of {cell} and {baseline} has it for a common seed")
+    lines = [f"| round | seeds | {cell} - {baseline} | p (t) | p (sign-flip) |",
+             "| --- | --- | --- | --- | --- |"]
+    for rnd, diffs in rounds:
         spread = f" ± {np.std(diffs, ddof=1):.2f}" if len(diffs) > 1 else ""
-        p = t_test_p(diffs)
+        p_t, p_s = t_test_p(diffs), sign_flip_p(diffs)
         lines.append(f"| {rnd} | {len(diffs)} | {np.mean(diffs):+.2f}{spread} | "
-                     f"{'-' if p is None else f'{p:.3f}'} |")
+                     f"{'-' if p_t is None else f'{p_t:.3f}'} | "
+                     f"{'-' if p_s is None else f'{p_s:.3f}'} |")
     return "\n".join(lines)
 
 

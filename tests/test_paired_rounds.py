@@ -26,14 +26,16 @@ def test_rounds_are_paired_by_seed():
 
 def test_the_table_gives_mean_spread_and_the_paired_t_test():
     lines = round_table({"a": CELL, "b": BASE}, "a", "b").splitlines()
-    assert lines[0] == "| round | seeds | a - b | p (t) |"
-    assert lines[2] == "| 1 | 2 | +10.00 ± 0.00 | 0.000 |"  # no spread: p 0
+    assert lines[0] == "| round | seeds | a - b | p (t) | p (sign-flip) |"
+    assert lines[2] == "| 1 | 2 | +10.00 ± 0.00 | 0.000 | 0.500 |"  # no spread: t's p 0
     p = ttest_rel([0.75, 0.60], [0.70, 0.60]).pvalue  # round 2: differences 5 and 0
-    assert lines[3] == f"| 2 | 2 | +2.50 ± 3.54 | {p:.3f} |"
+    assert lines[3] == f"| 2 | 2 | +2.50 ± 3.54 | {p:.3f} | 1.000 |"
     assert lines[4].startswith("| 3 | 2 | -2.50 ± 3.54 |")
     with pytest.raises(ConfigError, match="c: no completed run of that cell; cells with runs: "
                                           "a, b"):
         round_table({"a": CELL, "b": BASE}, "c", "b")
+    with pytest.raises(ConfigError, match="loss: no round of a and b has it"):
+        round_table({"a": CELL, "b": BASE}, "a", "b", key="loss")
 
 
 def test_an_unknown_grid_is_a_one_line_error(capsys):

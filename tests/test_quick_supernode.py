@@ -64,7 +64,8 @@ def test_install_patches_only_the_loops_module(monkeypatch):
     assert time.sleep is not installed.sleep  # the real module is untouched
     # a message's objects not yet at the SuperLink: looked for again after 0.05 s, up to 0.25
     assert loop.pull_objects.func is flower_pull
-    assert loop.pull_objects.keywords == {"initial_backoff": 0.05, "backoff_cap": 0.25}
+    assert loop.pull_objects.keywords == {"initial_backoff": 0.05, "backoff_cap": 0.25,
+                                          "max_tries_per_object": None}  # Flower's 2 h holds
 
 
 def test_bad_interval_exits_before_flower_starts(capsys):

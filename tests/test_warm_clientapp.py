@@ -51,6 +51,7 @@ def test_polls_back_off_while_idle_and_pick_tasks_up_within_a_second(monkeypatch
     monkeypatch.setattr(warm.time, "sleep", clock.sleep)
     monkeypatch.setattr(warm, "runtime_client", lambda *args, **kwargs: node)
     monkeypatch.setattr(warm, "run_task", lambda *args: ran.append(clock.now) or True)
+    monkeypatch.setattr(warm, "prompt_object_pulls", lambda: None)  # Flower's module untouched
     warm.serve("127.0.0.1:9094")
     assert len(ran) == 3
     delays = [picked - ready for ready, picked in node.picked]
@@ -69,6 +70,7 @@ def test_a_quick_nodes_clientapp_waits_at_most_its_poll_max(monkeypatch):
     monkeypatch.setattr(warm.time, "sleep", clock.sleep)
     monkeypatch.setattr(warm, "runtime_client", lambda *args, **kwargs: node)
     monkeypatch.setattr(warm, "run_task", lambda *args: True)
+    monkeypatch.setattr(warm, "prompt_object_pulls", lambda: None)
     warm.serve("127.0.0.1:9094", poll_max=0.5)
     delays = [picked - ready for ready, picked in node.picked]
     assert len(delays) == 2 and max(delays) <= 0.5
@@ -164,6 +166,9 @@ def test_a_task_whose_objects_are_late_is_pulled_within_a_fraction_of_a_second(m
         return contents[object_id]
 
     warm.prompt_object_pulls()
+    assert runtime.pull_and_inflate_object_from_tree.keywords["max_tries_per_object"] is None
+    warm.prompt_object_pulls()  # a second call does not wrap the wrapper
+    assert not hasattr(runtime.pull_and_inflate_object_from_tree.func, "keywords")
     start = time.perf_counter()
     got = runtime.pull_and_inflate_object_from_tree(get_object_tree(message), pull,
                                                     lambda object_id: None, return_type=Message)
