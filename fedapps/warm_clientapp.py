@@ -149,9 +149,10 @@ def prompt_object_pulls() -> None:
     from flwr.supercore import log
 
     pull = getattr(runtime, "pull_and_inflate_object_from_tree", None)
+    if isinstance(pull, functools.partial):
+        return  # already done in this process
     wanted = {"initial_backoff", "backoff_cap", "max_tries_per_object"}
-    if pull is None or isinstance(pull, functools.partial) \
-            or not wanted <= set(inspect.signature(pull).parameters):
+    if pull is None or not wanted <= set(inspect.signature(pull).parameters):
         log(INFO, "[warm-clientapp] Flower's object pulls left as they are (not flwr 1.41-1.42's)")
         return
     runtime.pull_and_inflate_object_from_tree = functools.partial(
