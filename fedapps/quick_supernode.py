@@ -36,6 +36,7 @@ from types import ModuleType
 from typing import Any
 
 from fedapps.errors import ConfigError
+from fedapps.object_retries import has_retry_keywords, shorten
 
 FLOWER_IDLE_PULL_SECONDS = 3.0  # time.sleep(3) after an empty pull
 FLOWER_REPLY_CHECK_SECONDS = 0.5  # time.sleep(0.5) while the ClientApp's reply is not ready
@@ -92,10 +93,8 @@ def check_loop(module: ModuleType) -> None:
     except OSError:  # an install without .py sources: nothing to check against
         source = ""
     sleeps = re.findall(r"\btime\.sleep\(([^)]*)\)", source)
-    pull = getattr(module, "pull_objects", None)
-    retries = {"initial_backoff", "backoff_cap", "max_tries_per_object"}
-    if sleeps != KNOWN_SLEEPS or getattr(module, "time", None) is not time or pull is None \
-            or not retries <= set(inspect.signature(pull).parameters):
+    if sleeps != KNOWN_SLEEPS or getattr(module, "time", None) is not time \
+            or not has_retry_keywords(getattr(module, "pull_objects", None)):
         raise ConfigError(
             f"--pull-interval: flwr {flwr.__version__}'s SuperNode loop is not the one this "
             f"option shortens (flwr 1.41-1.42: sleeps {KNOWN_SLEEPS} in {module.__name__}, "
@@ -107,16 +106,11 @@ def install(pull_interval: float) -> QuickSleeps:
     message's objects the SuperLink does not hold yet (the ServerApp pushes a message before
     its objects): Flower looks again after 1 s, doubling to 10 s; a quick node after 0.05 s,
     doubling to its pull interval."""
-    import functools
-
     loop = flower_loop()
     check_loop(loop)
     quick = QuickSleeps(pull_interval)
     loop.time = quick
-    # no cap on the tries (Flower's 2 h limit holds): 500 would end after 25 s at 0.05 s
-    loop.pull_objects = functools.partial(loop.pull_objects,
-                                          initial_backoff=SHORTEST_PULL_SECONDS,
-                                          backoff_cap=pull_interval, max_tries_per_object=None)
+    shorten(loop, "pull_objects", cap=pull_interval, first=SHORTEST_PULL_SECONDS)
     return quick
 
 

@@ -41,8 +41,7 @@ POLL_FIRST_SECONDS, POLL_MAX_SECONDS = 0.05, 1.0
 # SuperLink, and Flower's ClientApp then retries each missing object after 1 s, doubling to
 # 10 s: with a quick SuperNode's shorter waits a warm ClientApp hit that on most messages
 # (its pulls took 1.2 s a message, against 0.1 s beside Flower's slower pull; docs/
-# PERFORMANCE.md, "The delivery split"). No cap on the tries: Flower's 2 h limit still holds
-# (its 500 tries would end after 25 s at this schedule, where Flower's own take 83 minutes).
+# PERFORMANCE.md, "The delivery split"; fedapps/object_retries.py).
 OBJECT_RETRY_FIRST_SECONDS, OBJECT_RETRY_MAX_SECONDS = 0.05, 1.0
 # The node-config keys of a task's stamps, as fedapps/timing.py reads them (a test checks they
 # agree). Spelled out here: this process imports no fedapps module the app also imports, so a
@@ -142,22 +141,14 @@ def run_task(address: str, token: str, insecure: bool, certificates: bytes | Non
 def prompt_object_pulls() -> None:
     """Make Flower's ClientApp steps, in this process, retry a missing object of a task on
     OBJECT_RETRY_*'s schedule (Flower's own function, called with a shorter backoff)."""
-    import functools
-    import inspect
-
     import flwr.supernode.runtime.run_clientapp as runtime
     from flwr.supercore import log
 
-    pull = getattr(runtime, "pull_and_inflate_object_from_tree", None)
-    if isinstance(pull, functools.partial):
-        return  # already done in this process
-    wanted = {"initial_backoff", "backoff_cap", "max_tries_per_object"}
-    if pull is None or not wanted <= set(inspect.signature(pull).parameters):
+    from fedapps.object_retries import shorten
+
+    if not shorten(runtime, "pull_and_inflate_object_from_tree", OBJECT_RETRY_MAX_SECONDS,
+                   OBJECT_RETRY_FIRST_SECONDS):
         log(INFO, "[warm-clientapp] Flower's object pulls left as they are (not flwr 1.41-1.42's)")
-        return
-    runtime.pull_and_inflate_object_from_tree = functools.partial(
-        pull, initial_backoff=OBJECT_RETRY_FIRST_SECONDS, backoff_cap=OBJECT_RETRY_MAX_SECONDS,
-        max_tries_per_object=None)
 
 
 def stamp(node_config: dict[str, Any], taken: float, pulled: float) -> None:

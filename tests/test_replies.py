@@ -121,3 +121,81 @@ def test_prompt_replies_forward_the_rest_of_the_grid():
     assert prompt.run == "run" and prompt.node == "node" and list(prompt.get_node_ids()) == [1, 2]
     assert prompt.create_message(1, "train", 3, "") == ("msg", (1, "train", 3, ""), {})
     assert list(prompt.get_nodes()) == ["n1", "n2"]
+
+
+@pytest.fixture(autouse=True)
+def _flowers_reply_pull_restored(monkeypatch):
+    """hasten() rewraps the deployed grid's object pull in its module: undone after each test."""
+    import flwr.superlink.grid.http_grid as http_grid
+
+    monkeypatch.setattr(http_grid, "pull_objects", http_grid.pull_objects)
+
+
+def test_a_reply_whose_objects_are_late_is_pulled_within_a_fraction_of_a_second(monkeypatch):
+    """The SuperLink hands out a reply before the node has pushed its objects; Flower's grid
+    then waits 1 s per missing object. After hasten() the deployed grid looks again after
+    0.05 s: a reply whose every object is missing on the first try arrives well under 1 s."""
+    import time
+
+    import flwr.superlink.grid.http_grid as http_grid
+    import numpy as np
+    from flwr.app import ArrayRecord, Message, RecordDict
+    from flwr.common.serde import message_to_proto
+    from flwr.proto.message_pb2 import PullObjectResponse
+    from flwr.proto.runtime_pb2 import PullAppMessagesResponse
+    from flwr.supercore.inflatable.inflatable_object import (
+        get_all_nested_objects,
+        get_object_tree,
+    )
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from strategies.replies import prompt_reply_objects
+
+    for name in ("_run_id", "_node_id", "_task_id"):  # a message is built inside a task
+        monkeypatch.setattr(TaskIdentity, name, 1)
+    answer = Message(RecordDict({"w": ArrayRecord([np.full(3, 2.0, dtype=np.float32)])}),
+                     dst_node_id=1, message_type="train")
+    answer.metadata.__dict__["_message_id"] = answer.object_id
+    contents = {k: v.deflate() for k, v in get_all_nested_objects(answer).items()}
+    tried = set()
+
+    class Link:  # the SuperLink's Runtime API, as the deployed grid calls it
+        def PullMessages(self, request):  # noqa: N802 - Flower's names
+            return PullAppMessagesResponse(messages_list=[message_to_proto(answer)],
+                                           message_object_trees=[get_object_tree(answer)])
+
+        def PullObject(self, request):  # noqa: N802
+            first = request.object_id not in tried
+            tried.add(request.object_id)
+            return PullObjectResponse(object_found=True, object_available=not first,
+                                      object_content=b"" if first else contents[request.object_id])
+
+        def ConfirmMessageReceived(self, request):  # noqa: N802
+            return None
+
+    grid = HttpGrid(token="t")
+    grid._client, grid._run = Link(), SimpleNamespace(run_id=1)
+
+    def pull_seconds():
+        tried.clear()
+        start = time.perf_counter()
+        got = list(grid.pull_messages([answer.object_id]))
+        assert got[0].content["w"].to_numpy_ndarrays()[0].tolist() == [2.0, 2.0, 2.0]
+        assert tried == set(contents)
+        return time.perf_counter() - start
+
+    assert pull_seconds() >= 0.8  # Flower's own schedule: 1 s for the first retry
+    assert prompt_reply_objects()
+    assert pull_seconds() < 0.8
+    assert prompt_reply_objects()  # a second call keeps one wrapper around Flower's function
+    assert not hasattr(http_grid.pull_objects.func, "keywords")
+
+
+def test_hastening_a_deployed_proxy_shortens_the_grids_object_retries():
+    import flwr.superlink.grid.http_grid as http_grid
+
+    flower_pull = http_grid.pull_objects
+    hasten(GridClientProxy(1, HttpGrid(token="t"), run_id=0))
+    assert http_grid.pull_objects.func is flower_pull
+    assert http_grid.pull_objects.keywords == {"initial_backoff": 0.05, "backoff_cap": 0.5,
+                                               "max_tries_per_object": None}
