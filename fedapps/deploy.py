@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -26,6 +27,7 @@ from fedapps.launcher import CONNECTION, LocalSuperLink, default_filter, free_po
 from fedapps.processes import unwatch, watch
 
 IN_MEMORY_LINK_STATE = ":flwr-in-memory:"  # flower-superlink's --database for state in RAM
+LOG_FOLDER = "logs"  # <run dir>/logs: superlink.log, supernode-<i>.log (warm ClientApps too)
 
 
 def node_config(partition_id: int, num_partitions: int, data_root: Path | None,
@@ -206,7 +208,24 @@ def _federate(run_config: dict[str, str], num_nodes: int, data_root: Path | None
             for node in nodes:
                 node.stop()
             time.sleep(0.2)
+    keep_logs(workdir, Path(run_config["output-dir"]) / run_config["run-name"] / LOG_FOLDER,
+              status)
     return status
+
+
+def keep_logs(workdir: Path, log_dir: Path, status: str) -> None:
+    """Copy the SuperLink's and SuperNodes' logs into the run directory (`logs/`, replaced by a
+    resume), then delete the working folder, which holds each node's copy of the installed
+    FAB (48 MB for 20 nodes) and was left behind by every run before; after a run that did
+    not complete it stays, and where it is goes to stderr."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    for path in workdir.glob("*.log"):
+        shutil.copyfile(path, log_dir / path.name)
+    if status == "finished:completed":
+        shutil.rmtree(workdir, ignore_errors=True)
+    else:
+        print(f"fedapps: run status {status}; logs in {log_dir}, working folder {workdir}",
+              file=sys.stderr)
 
 
 def check_tls_folder(secure: Path, num_nodes: int) -> None:

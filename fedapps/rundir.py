@@ -39,7 +39,7 @@ MODES = (NEW, OVERWRITE, RESUME, REDO_UNFINISHED)
 # The files and folders a run writes: what --overwrite removes (nothing else is touched).
 RUN_FILES = ("results.json", "metrics.csv", "config.yaml", "checkpoint.npz", RUN_ID,
              "confusion.csv", "confusion-counts.csv")  # the last two: `fedapps centralized`
-RUN_FOLDERS = ("node-state", "wandb")
+RUN_FOLDERS = ("node-state", "wandb", "logs")  # logs: deploy-local's processes
 
 # Config keys a resume may change: they neither change the model, the data nor the training,
 # only how long the run goes on, how long it waits and what it reports (README, "Run

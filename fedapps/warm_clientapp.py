@@ -26,7 +26,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from logging import DEBUG, ERROR, INFO
+from logging import ERROR, INFO
 from pathlib import Path
 from typing import Any
 
@@ -107,8 +107,10 @@ def run_task(address: str, token: str, insecure: bool, certificates: bytes | Non
     message = reply = context = None
     status, details = SubStatus.FAILED, "ClientApp task failed due to unknown reason"
     started = time.perf_counter()
+    memory = [memory_mb()]
     try:
         message, context, run, fab = pull_task_input(client)
+        memory.append(memory_mb())
         if taken is not None:
             stamp(context.node_config, taken, time.time())
         reply = apps.get(run, fab)(message=message, context=context)
@@ -134,8 +136,34 @@ def run_task(address: str, token: str, insecure: bool, certificates: bytes | Non
         push_task_output(client, context, status, details)
         heartbeat.stop()
         client.close()
-    log(DEBUG, "[warm-clientapp] task done in %.3fs (%s)", time.perf_counter() - started, status)
+    memory.append(memory_mb())
+    kind = message.metadata.message_type if message is not None else "unknown"
+    log(INFO, "[warm-clientapp] %s task done in %.2f s (%s)%s", kind,
+        time.perf_counter() - started, status, memory_note(memory))
     return status == SubStatus.COMPLETED
+
+
+def memory_mb() -> tuple[int, int] | None:
+    """(resident, peak resident) MB of this process from /proc (Linux: Jetson, Raspberry Pi);
+    None elsewhere."""
+    try:
+        with open("/proc/self/status") as status:
+            fields = dict(line.split(":", 1) for line in status if line.startswith("Vm"))
+        return int(fields["VmRSS"].split()[0]) // 1024, int(fields["VmHWM"].split()[0]) // 1024
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+def memory_note(memory: list[tuple[int, int] | None]) -> str:
+    """The task's line's memory part: resident MB before the task, once its input was pulled
+    (if it was) and after it, and the process's peak before and after it
+    (simulations/deploy_benchmark.py reads it)."""
+    if any(m is None for m in memory):
+        return ""
+    before, *_, after = memory
+    pulled = f", {memory[1][0]} with its input" if len(memory) == 3 else ""
+    return (f"; resident {before[0]} MB before{pulled}, {after[0]} after;"
+            f" peak {before[1]} -> {after[1]} MB")
 
 
 def prompt_object_pulls() -> None:

@@ -10,11 +10,13 @@ resident memory (RSS, and PSS, which splits pages shared between processes) of t
 its largest ClientApp process; and the CPU seconds every process of a run used, by kind
 (SuperLink, SuperNodes, ClientApps, Ray workers, ...). Each run's steady rounds also say where
 each message's time went (results.json `timing`: in the client, or on the way there and back;
-fedapps/timing.py; message_timing.png stacks each part's median per mode and phase). A
-fresh interpreter also times what each cold message pays before training (imports + data)
-and one fit, with the peak RSS after each stage (and whether the fit imported torch._dynamo),
-then what importing a warm ClientApp's Flower runtime adds; `--python` runs that probe under
-another environment's interpreter (the lean node install of deploy/README.md).
+fedapps/timing.py; message_timing.png stacks each part's median per mode and phase), and the
+warm ClientApps' log lines say what each kind of task did to their resident memory (before it,
+pulling its input, running it, the peak; `task_memory`). A fresh interpreter also times what
+each cold message pays before training (imports + data) and one fit, with the peak RSS after
+each stage (and whether the fit imported torch._dynamo), then what importing a warm
+ClientApp's Flower runtime adds; `--python` runs that probe under another environment's
+interpreter (the lean node install of deploy/README.md).
 
     FEDAPPS_DATA_ROOT=../shared/data python -m simulations.deploy_benchmark --out DIR
 """
@@ -25,6 +27,7 @@ import argparse
 import inspect
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -200,6 +203,43 @@ def round_stats(run_dir: Path) -> dict:
     }
 
 
+# fedapps/warm_clientapp.py's line for each task it ran
+TASK_LINE = re.compile(r"\[warm-clientapp\] (\S+) task done .*?; resident (\d+) MB before"
+                       r"(?:, (\d+) with its input)?, (\d+) after; peak (\d+) -> (\d+) MB")
+
+
+def task_memory(log_dir: Path) -> dict[str, dict[str, int]]:
+    """Per message type, over every warm ClientApp task in a deployment's node logs: how many
+    ran, and the largest resident MB before one, added by pulling its input, added by running
+    it (reply pushed), after one, by how much one raised its process's peak, and that peak."""
+    rows: dict[str, list[tuple[int, ...]]] = {}
+    for path in sorted(log_dir.glob("supernode-*.log")):
+        for found in TASK_LINE.finditer(path.read_text(errors="replace")):
+            kind, before, pulled, after, peak0, peak1 = found.groups()
+            pulled = pulled or before
+            rows.setdefault(kind, []).append(tuple(int(v) for v in (
+                before, pulled, after, peak0, peak1)))
+    return {kind: {"tasks": len(r),
+                   "before_mb": max(v[0] for v in r),
+                   "input_mb": max(v[1] - v[0] for v in r),
+                   "task_mb": max(v[2] - v[1] for v in r),
+                   "after_mb": max(v[2] for v in r),
+                   "peak_rise_mb": max(v[4] - v[3] for v in r),
+                   "peak_mb": max(v[4] for v in r)}
+            for kind, r in sorted(rows.items())}
+
+
+def memory_table(report: dict, modes: list[str]) -> str:
+    """task_memory of each deployed mode, as a Markdown table (empty without warm ClientApps)."""
+    keys = ("tasks", "before_mb", "input_mb", "task_mb", "after_mb", "peak_rise_mb", "peak_mb")
+    rows = [f"| {mode} | {kind} | " + " | ".join(str(m[k]) for k in keys) + " |"
+            for mode in modes for kind, m in report.get(mode, {}).get("task_memory", {}).items()]
+    if not rows:
+        return ""
+    return "\n".join(["| mode | task | tasks | resident before | + its input | + the task | after "
+                      "| raised the peak by | peak |", "| --- " * 9 + "|", *rows])
+
+
 def timing_table(report: dict, modes: list[str]) -> str:
     """Where each mode's steady round went, as a Markdown table: per phase the slowest answer
     and the medians of client, delivery and reply seconds, and of the delivery's parts where
@@ -341,10 +381,12 @@ def main(argv: list[str] | None = None) -> int:
                         "peak_tree_pss_mb": sampler.peak_tree_pss // 1024,
                         "peak_clientapp_rss_mb": sampler.peak_app_rss // 1024,
                         "peak_clientapp_pss_mb": sampler.peak_app_pss // 1024,
+                        "task_memory": task_memory(args.out / name / "logs"),
                         **round_stats(args.out / name)}
     (args.out / "deploy_benchmark.json").write_text(json.dumps(report, indent=1))
     print(json.dumps(report, indent=1))
     print(timing_table(report, modes))
+    print(memory_table(report, modes))
     plot = plot_message_segments(report, modes, args.out / "message_timing.png")
     if plot is not None:
         print(f"plot: {plot}")

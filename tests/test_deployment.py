@@ -2,6 +2,7 @@
 
 import json
 import signal
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -11,6 +12,7 @@ import pytest
 from fedapps.deploy import run_federation
 from fedapps.launcher import descendants, run_experiment
 from fedapps.processes import command_line
+from simulations.deploy_benchmark import task_memory
 
 pytestmark = pytest.mark.integration
 
@@ -63,7 +65,7 @@ def both(*hooks):
     return run
 
 
-def test_deployment_gives_the_simulation_numbers(tmp_path):
+def test_deployment_gives_the_simulation_numbers(tmp_path, monkeypatch):
     # FedReb: FedAvg's path plus personal heads kept in node state (plain FedAvg deployments run
     # in the fault and TLS tests below, on Flower's own SuperNode loop); quick SuperNodes here
     experiment = "fedreb-quick"
@@ -71,6 +73,8 @@ def test_deployment_gives_the_simulation_numbers(tmp_path):
     sim, dep = tmp_path / "sim", tmp_path / "dep"
     seen = {}
     assert run_experiment(experiment, sets, 3, sim, show=QUIET) == "finished:completed"
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))  # the working folder's
+    (tmp_path / "tmp").mkdir()
     assert run_federation(experiment, sets, 3, dep, state_root=tmp_path / "state",
                           show=QUIET, during=both(watch_clientapps(seen), lock_link_state()),
                           pull_interval=0.5) == "finished:completed"  # the lock cannot stop it
@@ -96,6 +100,15 @@ def test_deployment_gives_the_simulation_numbers(tmp_path):
             for part, least in (("to_node", 1e-3), ("pull", 1e-3), ("start", 0)):
                 assert least <= t[phase][f"{part}_median"] <= t[phase]["delivery_max"], (part, t)
         assert "to_node_median" not in a["timing"]["fit"]  # the simulation has no such split
+    # the processes' logs stay in the run directory, the working folder (each node's FAB) goes;
+    # each warm ClientApp logged its tasks' memory: the handshake, then a fit and an
+    # evaluation a round (simulations/deploy_benchmark.py reads the lines)
+    assert list((tmp_path / "tmp").iterdir()) == []
+    memory = task_memory(dep / "logs")
+    assert sorted(memory) == ["evaluate", "get_properties", "train"], memory
+    assert memory["train"]["tasks"] == memory["evaluate"]["tasks"] == 6
+    assert 100 < memory["train"]["before_mb"] <= memory["train"]["peak_mb"] < 4000, memory
+    assert (dep / "logs" / "superlink.log").is_file()
 
 
 def test_bad_updates_and_crashes_are_counted_not_aggregated(tmp_path):

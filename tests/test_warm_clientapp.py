@@ -3,6 +3,8 @@
 A poll is an HTTP request the SuperNode answers; a fixed 0.05 s poll cost 20 warm nodes more CPU
 than their training on a 2-core machine (docs/PERFORMANCE.md). Time is virtual here."""
 
+from types import SimpleNamespace
+
 import pytest
 
 import fedapps.warm_clientapp as warm
@@ -79,7 +81,7 @@ def test_a_quick_nodes_clientapp_waits_at_most_its_poll_max(monkeypatch):
 
 @pytest.mark.parametrize("fails", [False, True])
 def test_a_task_hands_its_stamps_to_the_app_and_returns_the_context_without_them(monkeypatch,
-                                                                                  fails):
+                                                                                  fails, caplog):
     """The warm ClientApp stamps when it took the task and when its input was pulled into the
     node config the app's client_fn reads (fedapps/timing.py), and takes them out before the
     context goes back to the SuperNode, also when the app raises."""
@@ -118,7 +120,9 @@ def test_a_task_hands_its_stamps_to_the_app_and_returns_the_context_without_them
     monkeypatch.setattr(warm, "runtime_client", lambda *a: Connection())
     monkeypatch.setattr(heartbeat, "HeartbeatSender", Beat)
     monkeypatch.setattr(heartbeat, "make_task_heartbeat_fn_http", lambda client: None)
-    monkeypatch.setattr(runtime, "pull_task_input", lambda client: ("m", context, "run", "fab"))
+    message = SimpleNamespace(metadata=SimpleNamespace(message_type="train"))
+    monkeypatch.setattr(runtime, "pull_task_input",
+                        lambda client: (message, context, "run", "fab"))
     monkeypatch.setattr(runtime, "push_message", lambda c, reply, ctx: pushed.update(reply=reply))
     monkeypatch.setattr(runtime, "push_task_output",
                         lambda c, ctx, status, details: pushed.update(config=dict(ctx.node_config)))
@@ -127,7 +131,11 @@ def test_a_task_hands_its_stamps_to_the_app_and_returns_the_context_without_them
 
         monkeypatch.setattr(flwr.app, "Message", lambda content, reply_to: "error reply")
     taken = time.time() - 0.5
-    assert warm.run_task("addr", "token", True, None, Apps(), taken) is not fails
+    with caplog.at_level("INFO", logger="flwr"):
+        assert warm.run_task("addr", "token", True, None, Apps(), taken) is not fails
+    done = [r.getMessage() for r in caplog.records if "task done" in r.getMessage()]
+    assert len(done) == 1 and done[0].startswith("[warm-clientapp] train task done in ")
+    assert ("(FAILED)" if fails else "(COMPLETED)") in done[0].upper() and "resident" in done[0]
     assert seen[TASK_TAKEN] == taken and taken + 0.5 <= seen[INPUT_PULLED] <= time.time()
     assert pushed == {"reply": "error reply" if fails else "r", "config": {"partition-id": 0}}
     assert not any(k.startswith(NODE_STAMP_PREFIX) for k in context.node_config)
@@ -175,3 +183,27 @@ def test_a_task_whose_objects_are_late_is_pulled_within_a_fraction_of_a_second(m
     assert time.perf_counter() - start < 0.8  # Flower's own backoff: at least 0.8 s a retry
     assert got.content["w"].to_numpy_ndarrays()[0].tolist() == [1.0, 1.0, 1.0]
     assert tried == set(contents)
+
+
+def test_each_task_logs_its_memory_in_the_line_the_benchmark_reads(monkeypatch):
+    from simulations.deploy_benchmark import TASK_LINE
+
+    steps = iter([(300, 310), (312, 315), (330, 372)])
+    monkeypatch.setattr(warm, "memory_mb", lambda: next(steps))
+    memory = [warm.memory_mb() for _ in range(3)]
+    note = warm.memory_note(memory)
+    assert note == "; resident 300 MB before, 312 with its input, 330 after; peak 310 -> 372 MB"
+    line = f"INFO : [warm-clientapp] evaluate task done in 1.02 s (completed){note}"
+    assert TASK_LINE.search(line).groups() == ("evaluate", "300", "312", "330", "310", "372")
+    # input never pulled: no middle value; no /proc: no memory part
+    assert warm.memory_note([(300, 310), (301, 310)]) == \
+        "; resident 300 MB before, 301 after; peak 310 -> 310 MB"
+    assert warm.memory_note([None, None]) == ""
+
+
+def test_memory_is_read_from_this_process():
+    resident, peak = warm.memory_mb()
+    import resource
+
+    assert 0 < resident <= peak
+    assert abs(peak - resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024) <= 2
