@@ -268,3 +268,36 @@ def test_local_test_option_is_validated_in_one_line(experiment, overrides, messa
     with pytest.raises(ConfigError) as err:
         resolve_config(experiment, overrides, check_data=False)
     assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def mapped_rss_kb(file_name: str) -> int:
+    """This process's resident KB of the mappings of a file (/proc/self/smaps)."""
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()
+        if head and "-" in head[0] and ":" not in head[0]:  # a mapping's header line
+            inside = line.endswith(file_name)
+        elif inside and line.startswith("Rss:"):
+            total += int(head[1])
+    return total
+
+
+@needs_fmnist
+def test_a_client_build_leaves_no_pages_of_the_mapped_pool_resident():
+    """Reading one partition's scattered samples maps most of the pool's file into the process
+    (the kernel maps pages around each read); after the client's copies are made, its pages
+    are dropped from the process, and the pool still reads the same values."""
+    cfg = load_config("fedavg-fmnist", ["federation.num-clients=20"])
+    data = federated_data(cfg)
+    name = f"{data.pool.cache_id}-x.npy"
+    assert data.pool.mapping is not None
+    first = data.pool.x[:1000].clone()
+    data.pool.x[data.train_idx[10]].sum()  # what building a client reads, pages kept
+    held = mapped_rss_kb(name)
+    assert held > 20_000, held  # 20 MB+ of the 55 MB file resident after one partition's read
+    client = data.client(10)
+    assert mapped_rss_kb(name) < held / 10, (held, mapped_rss_kb(name))
+    assert torch.equal(data.pool.x[:1000], first)  # mapped again from the file on reading
+    again = federated_data(cfg)  # the same process's cached data: the same tensors
+    assert again.client(10).x_train is client.x_train
+    load_pool("digits", Path(".")).release_mapped_pages()  # an in-memory pool: nothing to drop

@@ -144,6 +144,7 @@ class FederatedData:
             tensors = (self.normalize(x[tr]), targets(y[tr]), self.normalize(x[te]),
                        targets(y[te]))
             self._clients[key] = ClientData(*(t.to(device) for t in tensors))
+            self.pool.release_mapped_pages()  # the copies are made: the file's pages can go
         return self._clients[key]
 
     def official_test(self) -> tuple[torch.Tensor, torch.Tensor]:

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from fedapps.data.datasets import DATASETS, DatasetInfo, Pool, cache_dir
+from fedapps.data.datasets import DATASETS, DatasetInfo, Pool, cache_dir, file_mapping
 from fedapps.data.iot.common import (
     cached_arrays,
     exclusive,
@@ -252,7 +252,7 @@ def load(root: Path, download: bool) -> Pool:
                           f"{len(meta['y'])}; delete it to rebuild")
     return Pool(torch.from_numpy(x), torch.from_numpy(meta["y"]), int(meta["num_train"]),
                 NUM_CLASSES, normalization="none", client_ids=meta["client_ids"],
-                source=ident, cache_id=f"{NAME}-{ident}")
+                source=ident, cache_id=f"{NAME}-{ident}", mapping=file_mapping(x))
 
 
 DATASETS[NAME] = DatasetInfo(NUM_CLASSES, (1, FRAMES, N_MELS), normalization="none",

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from fedapps.data.datasets import DATASETS, DatasetInfo, Pool, cache_dir
+from fedapps.data.datasets import DATASETS, DatasetInfo, Pool, cache_dir, file_mapping
 from fedapps.data.iot.common import (
     cached_arrays,
     download_zip,
@@ -209,7 +209,7 @@ def loader(side: int) -> Callable[[Path, bool], Pool]:
                               f"{len(meta['y'])}; delete it to rebuild")
         return Pool(torch.from_numpy(x), torch.from_numpy(meta["y"]), num_train, NUM_CLASSES,
                     task="detection", normalization="unit", source=ident,
-                    cache_id=f"{NAME}-{side}-{ident}")
+                    cache_id=f"{NAME}-{side}-{ident}", mapping=file_mapping(x))
 
     return load
 
