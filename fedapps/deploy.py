@@ -183,41 +183,45 @@ def _federate(run_config: dict[str, str], num_nodes: int, data_root: Path | None
     if secure is not None:
         superlink_args, connection = tls_superlink(secure, num_nodes)
     nodes: list[SuperNode] = []
-    # in-memory link state: with the SQLite file, 20 nodes answering at once on a starved
-    # machine held its write lock past SQLite's 5 s busy timeout and the SuperLink failed the
-    # run with `database is locked` (docs/PERFORMANCE.md); a lock held 12 s ends a run there
-    with LocalSuperLink(workdir, simulation=False, extra_args=superlink_args,
-                        connection=connection, database=IN_MEMORY_LINK_STATE) as link:
-        try:
-            for i in range(num_nodes):
-                if secure is not None:
-                    register(link, secure / f"node-{i}.pub")
-                    supernode_args = tls_supernode(secure, i)
-                state_dir = state_root / f"node-{i}" if state_root else None
-                cfg = node_config(i, num_nodes, data_root, state_dir, (node_extra or {}).get(i))
-                nodes.append(SuperNode(link, i, cfg, supernode_args, warm,
-                                       pull_interval).start())
-            worker = threading.Thread(target=during, args=(nodes,), daemon=True) if during \
-                else None
-            if worker:
-                worker.start()
-            _, status = submit(link, run_config, 0, show=show, deployment=True)
-            if worker:
-                worker.join(timeout=5)
-        finally:
-            for node in nodes:
-                node.stop()
-            time.sleep(0.2)
-    keep_logs(workdir, Path(run_config["output-dir"]) / run_config["run-name"] / LOG_FOLDER,
-              status)
+    status = "stopped before it ended"  # an exception or Ctrl-C: the logs are kept all the same
+    try:
+        # in-memory link state: with the SQLite file, 20 nodes answering at once on a starved
+        # machine held its write lock past SQLite's 5 s busy timeout and the SuperLink failed the
+        # run with `database is locked` (docs/PERFORMANCE.md); a lock held 12 s ends a run there
+        with LocalSuperLink(workdir, simulation=False, extra_args=superlink_args,
+                            connection=connection, database=IN_MEMORY_LINK_STATE) as link:
+            try:
+                for i in range(num_nodes):
+                    if secure is not None:
+                        register(link, secure / f"node-{i}.pub")
+                        supernode_args = tls_supernode(secure, i)
+                    state_dir = state_root / f"node-{i}" if state_root else None
+                    cfg = node_config(i, num_nodes, data_root, state_dir, (node_extra or {}).get(i))
+                    nodes.append(SuperNode(link, i, cfg, supernode_args, warm,
+                                           pull_interval).start())
+                worker = threading.Thread(target=during, args=(nodes,), daemon=True) if during \
+                    else None
+                if worker:
+                    worker.start()
+                _, status = submit(link, run_config, 0, show=show, deployment=True)
+                if worker:
+                    worker.join(timeout=5)
+            finally:
+                for node in nodes:
+                    node.stop()
+                time.sleep(0.2)
+    finally:
+        keep_logs(workdir, Path(run_config["output-dir"]) / run_config["run-name"] / LOG_FOLDER,
+                  status)
     return status
 
 
 def keep_logs(workdir: Path, log_dir: Path, status: str) -> None:
-    """Copy the SuperLink's and SuperNodes' logs into the run directory (`logs/`, replaced by a
-    resume), then delete the working folder, which holds each node's copy of the installed
-    FAB (48 MB for 20 nodes) and was left behind by every run before; after a run that did
-    not complete it stays, and where it is goes to stderr."""
+    """Copy the SuperLink's and SuperNodes' logs into the run directory (`logs/`: this
+    attempt's only, so a resume replaces it), then delete the working folder, which holds each
+    node's copy of the installed FAB (48 MB for 20 nodes) and was left behind by every run
+    before; after a run that did not complete it stays, and where it is goes to stderr."""
+    shutil.rmtree(log_dir, ignore_errors=True)
     log_dir.mkdir(parents=True, exist_ok=True)
     for path in workdir.glob("*.log"):
         shutil.copyfile(path, log_dir / path.name)

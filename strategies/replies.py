@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
+from logging import WARNING
 from typing import Any
 
 from flwr.app import Message
 from flwr.serverapp import Grid
 
 REPLY_POLL_FIRST_SECONDS, REPLY_POLL_MAX_SECONDS = 0.05, 0.5
+_UNKNOWN_PULL: list[bool] = []  # non-empty once the warning below was logged
 
 
 class PromptReplies(Grid):
@@ -97,7 +99,12 @@ def hasten(proxy: object) -> bool:
         return False
     if isinstance(proxy.grid, HttpGrid):
         proxy.grid = PromptReplies(proxy.grid)
-        prompt_reply_objects()
+        if not prompt_reply_objects() and not _UNKNOWN_PULL:
+            _UNKNOWN_PULL.append(True)  # said once a process
+            from flwr.supercore import log
+
+            log(WARNING, "[fedapps] Flower's reply object pulls left as they are (not flwr "
+                         "1.41-1.42's): a reply whose objects are late waits 1 s or more")
     return isinstance(proxy.grid, PromptReplies)
 
 

@@ -26,3 +26,17 @@ needs_fmnist = pytest.mark.skipif(not has_dataset("FashionMNIST"),
                                   reason="FashionMNIST not found under ../shared/data")
 needs_mnist = pytest.mark.skipif(not has_dataset("MNIST"),
                                  reason="MNIST not found under ../shared/data")
+
+
+@pytest.fixture(autouse=True)
+def _flowers_reply_pull_restored():
+    """A deployed proxy's handshake (strategies/replies.py `hasten`) rewraps Flower's reply
+    object pull in its module for the whole process: Flower's own is put back after each test,
+    so no test sees another's schedule (a test measuring Flower's own 1 s retry would fail)."""
+    import functools
+
+    yield
+    import flwr.superlink.grid.http_grid as http_grid
+
+    if isinstance(http_grid.pull_objects, functools.partial):
+        http_grid.pull_objects = http_grid.pull_objects.func

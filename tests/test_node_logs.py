@@ -13,6 +13,8 @@ def test_logs_are_copied_and_the_working_folder_goes_only_after_a_completed_run(
         (work / "node-home-0" / "fab.zip").write_bytes(b"x" * 100)
         (work / "superlink.log").write_text("link\n")
         (work / "supernode-0.log").write_text("node 0\n")
+        logs.mkdir(parents=True)
+        (logs / "supernode-7.log").write_text("an earlier attempt's node\n")
         keep_logs(work, logs, status)
         assert sorted(p.name for p in logs.iterdir()) == ["superlink.log", "supernode-0.log"]
         assert (logs / "supernode-0.log").read_text() == "node 0\n"

@@ -123,14 +123,6 @@ def test_prompt_replies_forward_the_rest_of_the_grid():
     assert list(prompt.get_nodes()) == ["n1", "n2"]
 
 
-@pytest.fixture(autouse=True)
-def _flowers_reply_pull_restored(monkeypatch):
-    """hasten() rewraps the deployed grid's object pull in its module: undone after each test."""
-    import flwr.superlink.grid.http_grid as http_grid
-
-    monkeypatch.setattr(http_grid, "pull_objects", http_grid.pull_objects)
-
-
 def test_a_reply_whose_objects_are_late_is_pulled_within_a_fraction_of_a_second(monkeypatch):
     """The SuperLink hands out a reply before the node has pushed its objects; Flower's grid
     then waits 1 s per missing object. After hasten() the deployed grid looks again after
@@ -199,3 +191,21 @@ def test_hastening_a_deployed_proxy_shortens_the_grids_object_retries():
     assert http_grid.pull_objects.func is flower_pull
     assert http_grid.pull_objects.keywords == {"initial_backoff": 0.05, "backoff_cap": 0.5,
                                                "max_tries_per_object": None}
+
+
+def test_an_unknown_flower_pull_is_left_alone_and_said_once(monkeypatch, caplog):
+    import flwr.superlink.grid.http_grid as http_grid
+
+    import strategies.replies as replies
+
+    def other(ids, timeout=1.0):
+        return ids
+
+    monkeypatch.setattr(http_grid, "pull_objects", other)
+    monkeypatch.setattr(replies, "_UNKNOWN_PULL", [])
+    with caplog.at_level("WARNING", logger="flwr"):
+        hasten(GridClientProxy(1, HttpGrid(token="t"), run_id=0))
+        hasten(GridClientProxy(2, HttpGrid(token="t"), run_id=0))
+    assert http_grid.pull_objects is other
+    assert sum("reply object pulls left as they are" in r.getMessage()
+               for r in caplog.records) == 1
