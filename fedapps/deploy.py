@@ -221,10 +221,15 @@ def keep_logs(workdir: Path, log_dir: Path, status: str) -> None:
     attempt's only, so a resume replaces it), then delete the working folder, which holds each
     node's copy of the installed FAB (48 MB for 20 nodes) and was left behind by every run
     before; after a run that did not complete it stays, and where it is goes to stderr."""
-    shutil.rmtree(log_dir, ignore_errors=True)
-    log_dir.mkdir(parents=True, exist_ok=True)
-    for path in workdir.glob("*.log"):
-        shutil.copyfile(path, log_dir / path.name)
+    try:
+        shutil.rmtree(log_dir, ignore_errors=True)
+        log_dir.mkdir(parents=True, exist_ok=True)
+        for path in workdir.glob("*.log"):
+            shutil.copyfile(path, log_dir / path.name)
+    except OSError as err:  # never hides the run's own outcome or exception
+        print(f"fedapps: could not copy the logs to {log_dir} ({err}); they stay in {workdir}",
+              file=sys.stderr)
+        return
     if status == "finished:completed":
         shutil.rmtree(workdir, ignore_errors=True)
     else:
