@@ -34,9 +34,9 @@ def _flowers_reply_pull_restored():
     object pull in its module for the whole process: Flower's own is put back after each test,
     so no test sees another's schedule (a test measuring Flower's own 1 s retry would fail)."""
     import functools
+    import sys
 
     yield
-    import flwr.superlink.grid.http_grid as http_grid
-
-    if isinstance(http_grid.pull_objects, functools.partial):
+    http_grid = sys.modules.get("flwr.superlink.grid.http_grid")  # not imported: untouched
+    if http_grid is not None and isinstance(http_grid.pull_objects, functools.partial):
         http_grid.pull_objects = http_grid.pull_objects.func
