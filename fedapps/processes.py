@@ -56,6 +56,17 @@ def stat_fields(pid: int) -> list[str]:
         return []
 
 
+def status_kb(field: str, pid: int | str = "self") -> int | None:
+    """A field of /proc/<pid>/status in kB (VmRSS, VmHWM, ...); None where it is not there."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def command_line(pid: int) -> str:
     """The process's command line with spaces between arguments; '' once it is gone."""
     try:

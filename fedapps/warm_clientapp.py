@@ -146,12 +146,10 @@ def run_task(address: str, token: str, insecure: bool, certificates: bytes | Non
 def memory_mb() -> tuple[int, int] | None:
     """(resident, peak resident) MB of this process from /proc (Linux: Jetson, Raspberry Pi);
     None elsewhere."""
-    try:
-        with open("/proc/self/status") as status:
-            fields = dict(line.split(":", 1) for line in status if line.startswith("Vm"))
-        return int(fields["VmRSS"].split()[0]) // 1024, int(fields["VmHWM"].split()[0]) // 1024
-    except (OSError, KeyError, ValueError):
-        return None
+    from fedapps.processes import status_kb  # stdlib only; no FAB's app imports it
+
+    resident, peak = status_kb("VmRSS"), status_kb("VmHWM")
+    return None if resident is None or peak is None else (resident // 1024, peak // 1024)
 
 
 def memory_note(memory: list[tuple[int, int] | None]) -> str:

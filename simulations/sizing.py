@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from fedapps.errors import ConfigError
+from fedapps.processes import status_kb
 
 CLIENT_SAMPLES = 1000  # the partition a row's round and memory are given for
 DETECTION_BOXES = 54  # boxes per image of a detection row (VisDrone-DET train: ~54 on average)
@@ -69,10 +70,10 @@ ROWS: tuple[Row, ...] = (
 
 
 def _status_mb(field: str) -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError(f"/proc/self/status has no {field}")
+    kb = status_kb(field)
+    if kb is None:
+        raise RuntimeError(f"/proc/self/status has no {field}")
+    return kb / 1024
 
 
 def random_inputs(cfg, n: int, seed: int):

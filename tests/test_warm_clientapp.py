@@ -207,3 +207,13 @@ def test_memory_is_read_from_this_process():
 
     assert 0 < resident <= peak
     assert abs(peak - resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024) <= 2
+
+
+def test_status_fields_are_read_in_kb_and_a_missing_one_is_none():
+    import resource
+
+    from fedapps.processes import status_kb
+
+    peak = status_kb("VmHWM")
+    assert abs(peak - resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) <= 2048
+    assert status_kb("NoSuchField") is None and status_kb("VmRSS", pid=2**31) is None
