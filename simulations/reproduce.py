@@ -372,9 +372,33 @@ def table(by_cell: dict[str, list[dict[str, Any]]], grid: Grid) -> str:
     for label, n, cells, paper, minutes in rows:
         lines.append(f"| {label} | {n} | {' | '.join(cells[i] for i in keep)} | "
                      f"{' | '.join(paper)} | {minutes} |")
+    short = short_runs(by_cell)
+    if short:
+        lines.append("\nRuns with answers missing (a client crashed, or a step outlasted "
+                     "federation.round-timeout: raise it for a slower machine or more --jobs): "
+                     + "; ".join(short) + ". A missing fit answer leaves that client out of the "
+                     "round's average; a round with an incomplete evaluation is left out of "
+                     "best and final G.")
     if grid.source:
         lines.append(f"\nPaper: {grid.source}.")
     return "\n".join(lines) + "\n"
+
+
+def short_runs(by_cell: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """Each tabulated run that lost answers, as `cell seed N: what`: a grid's numbers must not
+    quietly rest on fewer clients than it planned (a step past the round timeout on a busy
+    machine drops the slowest clients, and the run still completes)."""
+    out = []
+    for label, docs in by_cell.items():
+        for doc in docs:
+            failures = doc["summary"].get("total_failures") or 0
+            partial = doc["summary"].get("partial_rounds") or []
+            lost = ([f"{failures} fit answers missing or rejected"] if failures else []) + \
+                ([f"evaluation incomplete (rounds {', '.join(map(str, partial))})"]
+                 if partial else [])
+            if lost:
+                out.append(f"{label} seed {doc.get('seed', '?')}: {', '.join(lost)}")
+    return out
 
 
 def plot_all(by_cell: dict[str, list[dict[str, Any]]], out: Path, title: str) -> list[Path]:

@@ -92,6 +92,24 @@ def test_table_reports_mean_minutes_per_run(tmp_path):
     assert md.splitlines()[2].endswith("| - | - | 6.0 |")  # (5 + 7) / 2 minutes
 
 
+def test_table_names_the_runs_that_lost_answers():
+    """A run that completed without some clients' answers (a step past the round timeout on a
+    busy machine) is named under the table, with what it lost; a clean grid gets no note."""
+    docs = [fake_doc(0.5, 0.5) for _ in range(3)]
+    for seed, doc in enumerate(docs):
+        doc["seed"] = seed
+    docs[1]["summary"]["total_failures"] = 7
+    docs[2]["summary"].update(total_failures=0, partial_rounds=[2, 5])
+    grid = Grid("w", "quickstart", [0, 1, 2], {"algorithm": ["fedavg"]})
+    md = table({"fedavg": docs}, grid)
+    assert ("fedavg seed 1: 7 fit answers missing or rejected; "
+            "fedavg seed 2: evaluation incomplete (rounds 2, 5).") in md
+    assert "seed 0" not in md and "round-timeout" in md
+    docs[1]["summary"]["total_failures"] = 0
+    docs[2]["summary"]["partial_rounds"] = []
+    assert "answers missing" not in table({"fedavg": docs}, grid)
+
+
 def test_table_counts_every_finished_seed_on_disk(tmp_path):
     run_grid(GRID, [], tmp_path, FakeRunner(VALUES), log=lambda s: None)
     one_seed = Grid("g", "quickstart", [0], {"algorithm": ["fedavg", "fedreb"]})
