@@ -378,7 +378,7 @@ def table(by_cell: dict[str, list[dict[str, Any]]], grid: Grid) -> str:
                      "federation.round-timeout: raise it for a slower machine or more --jobs): "
                      + "; ".join(short) + ". A missing fit answer leaves that client out of the "
                      "round's average; a round with an incomplete evaluation is left out of "
-                     "best and final G.")
+                     "best and final G (unless eval.allow-partial).")
     if grid.source:
         lines.append(f"\nPaper: {grid.source}.")
     return "\n".join(lines) + "\n"
