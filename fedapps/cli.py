@@ -33,19 +33,6 @@ PULL_HELP = ("SECONDS (0.05-3): the SuperNode pulls for work this often while id
              "on the SuperLink; fedapps/quick_supernode.py, measured in docs/PERFORMANCE.md)")
 
 
-NICE_HELP = ("N (0-19): the warm ClientApp runs each task's training and evaluation N steps "
-             "nicer than its own and the SuperNode's message handling (default 15, as Ray runs "
-             "a simulation's clients; 0: one priority for all, Flower's way; docs/PERFORMANCE.md)")
-
-
-def _task_nice(text: str) -> int:
-    """argparse type of --task-nice: an int 0-19."""
-    value = int(text)
-    if not 0 <= value <= 19:
-        raise argparse.ArgumentTypeError(f"{value}: must be 0-19")
-    return value
-
-
 RAY_HELP = ("run the simulated clients on an existing Ray cluster (the head's address, as "
             "`ray start --head` prints it) instead of a Ray started on this machine")
 
@@ -83,7 +70,6 @@ def build_parser() -> tuple[argparse.ArgumentParser, Any]:
     d.add_argument("--cold", action="store_true", help=COLD_HELP)
     d.add_argument("--pull-interval", type=float, default=None, metavar="SECONDS",
                    help=PULL_HELP)
-    d.add_argument("--task-nice", type=_task_nice, default=None, metavar="N", help=NICE_HELP)
     n = sub.add_parser("node", help="start one SuperNode for this app (e.g. on a Jetson)")
     n.add_argument("--superlink", required=True, help="SuperLink Fleet address host:port")
     n.add_argument("--partition-id", type=int, required=True,
@@ -104,7 +90,6 @@ def build_parser() -> tuple[argparse.ArgumentParser, Any]:
     n.add_argument("--cold", action="store_true", help=COLD_HELP)
     n.add_argument("--pull-interval", type=float, default=None, metavar="SECONDS",
                    help=PULL_HELP)
-    n.add_argument("--task-nice", type=_task_nice, default=None, metavar="N", help=NICE_HELP)
     n.add_argument("--runtime-port", type=int, default=9094,
                    help="local port of the SuperNode's Runtime API (default 9094)")
     r = sub.add_parser("resume", help="continue a stopped run from its checkpoint")
@@ -243,7 +228,6 @@ def _deploy_local(args: argparse.Namespace) -> int:
                             state_root=state,
                             secure=Path(args.tls).resolve() if args.tls else None,
                             warm=not args.cold, pull_interval=args.pull_interval,
-                            task_nice=args.task_nice,
                             show=(lambda line: True) if args.verbose else _show,
                             mode=_mode(args))
     return _report(status, out)
@@ -286,7 +270,7 @@ def _node(args: argparse.Namespace) -> int:
         raise ConfigError("flower-supernode not found: install this project (pip install -e .)")
     if not args.cold:
         subprocess.Popen(warm_clientapp_command(args.runtime_port, os.getpid(),
-                                                args.pull_interval, args.task_nice))
+                                                args.pull_interval))
     os.execv(exe, cmd)
     return 0  # not reached
 

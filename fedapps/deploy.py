@@ -45,18 +45,14 @@ def node_config(partition_id: int, num_partitions: int, data_root: Path | None,
 
 
 def warm_clientapp_command(runtime_port: int, supernode_pid: int,
-                           pull_interval: float | None = None,
-                           task_nice: int | None = None) -> list[str]:
+                           pull_interval: float | None = None) -> list[str]:
     """The long-running ClientApp process beside a `--isolation process` SuperNode; beside a
     quick SuperNode (`pull_interval`) it waits at most that long between idle polls (never
-    longer than its own default, 1 s). `task_nice`: how much nicer its tasks run than its
-    message handling (None: its default, fedapps/warm_clientapp.py TASK_NICE)."""
+    longer than its own default, 1 s)."""
     from fedapps.warm_clientapp import POLL_MAX_SECONDS
 
     cmd = [sys.executable, "-m", "fedapps.warm_clientapp", "--runtime-api-address",
            f"127.0.0.1:{runtime_port}", "--parent-pid", str(supernode_pid)]
-    if task_nice is not None:
-        cmd += ["--task-nice", str(task_nice)]
     if pull_interval is None or pull_interval >= POLL_MAX_SECONDS:
         return cmd
     return cmd + ["--poll-max", f"{pull_interval:g}"]
@@ -76,14 +72,13 @@ class SuperNode:
     """One `flower-supernode` process in its own process group; with `warm` (the default) it
     runs with `--isolation process` beside one long-running ClientApp process (stopped with
     it, and exiting by itself when the SuperNode is gone), otherwise Flower starts a ClientApp
-    process per message. `pull_interval`: see fedapps/quick_supernode.py (None: Flower's 3 s);
-    `task_nice`: see warm_clientapp_command."""
+    process per message. `pull_interval`: see fedapps/quick_supernode.py (None: Flower's 3 s)."""
 
     def __init__(self, link: LocalSuperLink, index: int, config: str,
                  extra_args: Sequence[str] = (), warm: bool = True,
-                 pull_interval: float | None = None, task_nice: int | None = None) -> None:
+                 pull_interval: float | None = None) -> None:
         self.link, self.index, self.config, self.warm = link, index, config, warm
-        self.pull_interval, self.task_nice = pull_interval, task_nice
+        self.pull_interval = pull_interval
         self.extra_args = list(extra_args) or ["--insecure"]
         self.log_path = link.workdir / f"supernode-{index}.log"
         self.process: subprocess.Popen | None = None
@@ -103,8 +98,7 @@ class SuperNode:
             if self.warm:
                 try:
                     self.worker = subprocess.Popen(
-                        warm_clientapp_command(port, self.process.pid, self.pull_interval,
-                                               self.task_nice),
+                        warm_clientapp_command(port, self.process.pid, self.pull_interval),
                         env=env,
                         stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
                 except OSError:
@@ -155,7 +149,6 @@ def run_federation(
     mode: str = rundir.NEW,
     warm: bool = True,
     pull_interval: float | None = None,
-    task_nice: int | None = None,
 ) -> str:
     """Start a SuperLink and `num_nodes` SuperNodes, run the app, stop everything.
 
@@ -167,15 +160,14 @@ def run_federation(
     process per node (fedapps/warm_clientapp.py) instead of Flower's process per message.
     `pull_interval`: the SuperNodes' idle pull in seconds (fedapps/quick_supernode.py; None:
     Flower's own 3 s); with `warm`, also the ClientApps' longest wait between polls.
-    `task_nice`: with `warm`, how much nicer the ClientApps' tasks run than their message
-    handling (None: fedapps/warm_clientapp.py's TASK_NICE). Returns the run's final status."""
+    Returns the SuperLink's final run status."""
     with rundir.claim(run_dir, mode) as run_id:
         run_config = {"experiment": experiment, "overrides": shlex.join(overrides),
                       "output-dir": str(run_dir.parent), "run-name": run_dir.name,
                       "run-id": run_id}
         return _federate(run_config, num_nodes, data_root, state_root, node_extra,
                          superlink_args, supernode_args, connection, show, during, secure, warm,
-                         pull_interval, task_nice)
+                         pull_interval)
 
 
 def _federate(run_config: dict[str, str], num_nodes: int, data_root: Path | None,
@@ -183,7 +175,7 @@ def _federate(run_config: dict[str, str], num_nodes: int, data_root: Path | None
               superlink_args: Sequence[str], supernode_args: Sequence[str],
               connection: dict[str, object] | None, show: Callable[[str], bool],
               during: Callable[[list[SuperNode]], None] | None, secure: Path | None,
-              warm: bool, pull_interval: float | None, task_nice: int | None) -> str:
+              warm: bool, pull_interval: float | None) -> str:
     """run_federation's work once the run directory is claimed."""
     import threading
 
@@ -206,7 +198,7 @@ def _federate(run_config: dict[str, str], num_nodes: int, data_root: Path | None
                     state_dir = state_root / f"node-{i}" if state_root else None
                     cfg = node_config(i, num_nodes, data_root, state_dir, (node_extra or {}).get(i))
                     nodes.append(SuperNode(link, i, cfg, supernode_args, warm,
-                                           pull_interval, task_nice).start())
+                                           pull_interval).start())
                 worker = threading.Thread(target=during, args=(nodes,), daemon=True) if during \
                     else None
                 if worker:

@@ -24,11 +24,8 @@ node's later ones back until the round times out (as the server then counts them
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import threading
 import time
-from collections.abc import Callable
 from logging import ERROR, INFO
 from pathlib import Path
 from typing import Any
@@ -50,11 +47,6 @@ OBJECT_RETRY_FIRST_SECONDS, OBJECT_RETRY_MAX_SECONDS = 0.05, 1.0
 # agree). Spelled out here: this process imports no fedapps module the app also imports, so a
 # FAB whose code differs from this node's install brings its own (forget_modules_under).
 STAMP_KEYS = ("fedapps-task-taken", "fedapps-input-pulled")
-# The ClientApp's own work (training, evaluation) runs this much nicer than the process's message
-# handling: Ray runs a simulation's clients at niceness 15 below its control plane (Ray's
-# worker_niceness), and with several nodes on one machine a message's way in and out otherwise
-# queues behind the other nodes' training (docs/PERFORMANCE.md, "Training below the messages").
-TASK_NICE = 15
 
 
 class WarmClientApps:
@@ -93,11 +85,10 @@ def forget_modules_under(folder: Path) -> None:
 
 
 def run_task(address: str, token: str, insecure: bool, certificates: bytes | None,
-             apps: WarmClientApps, taken: float | None = None, task_nice: int = 0) -> bool:
+             apps: WarmClientApps, taken: float | None = None) -> bool:
     """Run one ClientApp task in this process; True if the ClientApp completed it. `taken`:
     when the task was acquired (time.time()); with it the client's answer says how long the
-    task took to arrive and to pull (fedapps/timing.py). `task_nice`: the ClientApp's call
-    runs that much nicer than the rest (at_lower_priority)."""
+    task took to arrive and to pull (fedapps/timing.py)."""
     from flwr.app import Message
     from flwr.app.error import Error
     from flwr.clientapp.client_app import LoadClientAppError
@@ -122,8 +113,7 @@ def run_task(address: str, token: str, insecure: bool, certificates: bytes | Non
         memory.append(memory_mb())
         if taken is not None:
             stamp(context.node_config, taken, time.time())
-        app = apps.get(run, fab)
-        reply = at_lower_priority(lambda: app(message=message, context=context), task_nice)
+        reply = apps.get(run, fab)(message=message, context=context)
         status, details = SubStatus.COMPLETED, ""
     except Exception as ex:  # noqa: BLE001 - reported to the server, as flwr-clientapp does
         code, reason = ErrorCode.CLIENT_APP_RAISED_EXCEPTION, f"{type(ex)}:<'{ex}'>"
@@ -151,34 +141,6 @@ def run_task(address: str, token: str, insecure: bool, certificates: bytes | Non
     log(INFO, "[warm-clientapp] %s task done in %.2f s (%s)%s", kind,
         time.perf_counter() - started, status, memory_note(memory))
     return status == SubStatus.COMPLETED
-
-
-def at_lower_priority(work: Callable[[], Any], nice: int) -> Any:
-    """`work()` in a thread whose niceness is `nice` above this process's (Linux sets it per
-    thread; lowering needs no privilege), so this process's own message handling (pulls,
-    pushes, heartbeats: the main and heartbeat threads) and the node's SuperNode keep their
-    priority while the task trains. `nice` 0: in this thread, as Flower's ClientApp does."""
-    if nice <= 0:
-        return work()
-    outcome: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            tid = threading.get_native_id()
-            os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + nice)
-        except (AttributeError, OSError):  # not Linux, or refused: run at the process's
-            pass
-        try:
-            outcome["value"] = work()
-        except BaseException as ex:  # noqa: BLE001 - raised again in the calling thread
-            outcome["error"] = ex
-
-    thread = threading.Thread(target=target, name="clientapp-task", daemon=True)
-    thread.start()
-    thread.join()
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["value"]
 
 
 def memory_mb() -> tuple[int, int] | None:
@@ -246,10 +208,9 @@ def runtime_client(address: str, insecure: bool, certificates: bytes | None,
 
 
 def serve(address: str, insecure: bool = True, root_certificates: str | None = None,
-          parent_pid: int | None = None, poll_max: float = POLL_MAX_SECONDS,
-          task_nice: int = TASK_NICE) -> None:
+          parent_pid: int | None = None, poll_max: float = POLL_MAX_SECONDS) -> None:
     """Take this SuperNode's ClientApp tasks and run them here, until the SuperNode exits;
-    `poll_max`: the longest wait between polls while idle; `task_nice`: see TASK_NICE."""
+    `poll_max`: the longest wait between polls while idle."""
     import torch  # noqa: F401 - the expensive imports, once and before the first message
     from flwr.proto.runtime_pb2 import AcquireTaskRequest
     from flwr.supercore import log
@@ -271,8 +232,7 @@ def serve(address: str, insecure: bool = True, root_certificates: str | None = N
                 res = control.AcquireTask(
                     AcquireTaskRequest(supported_task_types=[TaskType.CLIENT_APP.value]))
                 if res.HasField("task") and res.token:
-                    run_task(address, res.token, insecure, certificates, apps, time.time(),
-                             task_nice)
+                    run_task(address, res.token, insecure, certificates, apps, time.time())
                     wait = POLL_FIRST_SECONDS
                     continue
             except Exception as ex:  # noqa: BLE001 - one failed task must not end the node
@@ -298,18 +258,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--poll-max", type=float, default=POLL_MAX_SECONDS,
                    help=f"longest wait between polls while idle (default {POLL_MAX_SECONDS:g} s;"
                         " a quick SuperNode passes its --pull-interval)")
-    p.add_argument("--task-nice", type=int, default=TASK_NICE,
-                   help=f"run each task's training or evaluation this much nicer (0-19) than"
-                        f" this process's message handling (default {TASK_NICE}, as Ray runs a"
-                        f" simulation's clients; 0: Flower's ClientApp's way)")
     args = p.parse_args(argv)
     if not args.poll_max >= POLL_FIRST_SECONDS:
         p.error(f"--poll-max {args.poll_max}: must be at least {POLL_FIRST_SECONDS} s")
-    if not 0 <= args.task_nice <= 19:
-        p.error(f"--task-nice {args.task_nice}: must be 0-19")
     serve(args.runtime_api_address, insecure=args.root_certificates is None,
           root_certificates=args.root_certificates, parent_pid=args.parent_pid,
-          poll_max=args.poll_max, task_nice=args.task_nice)
+          poll_max=args.poll_max)
 
 
 if __name__ == "__main__":

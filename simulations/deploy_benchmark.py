@@ -337,9 +337,6 @@ def main(argv: list[str] | None = None) -> int:
                         "code before the warm ClientApp has only the first two)")
     p.add_argument("--pull-interval", type=float, default=0.5,
                    help="deploy_quick's SuperNode idle pull in seconds (default 0.5)")
-    p.add_argument("--task-nice", type=int, default=None,
-                   help="the warm ClientApps' task niceness (default: theirs, 15; 0: the "
-                        "training at the message handling's priority)")
     p.add_argument("--probe-only", action="store_true",
                    help="only the fresh-interpreter probe (runs with the fedapps on PYTHONPATH)")
     p.add_argument("--python", default=sys.executable,
@@ -352,8 +349,7 @@ def main(argv: list[str] | None = None) -> int:
                  20))
     args.out.mkdir(parents=True, exist_ok=True)
     quiet = lambda line: False  # noqa: E731
-    report: dict = {"experiment": args.experiment, "overrides": sets, "clients": n,
-                    "task_nice": args.task_nice}
+    report: dict = {"experiment": args.experiment, "overrides": sets, "clients": n}
     report["startup_probe"] = startup_probe(args.experiment, sets, args.python)
     if args.probe_only:
         print(json.dumps(report["startup_probe"]))
@@ -375,8 +371,6 @@ def main(argv: list[str] | None = None) -> int:
             if "warm" in inspect.signature(run_federation).parameters else {}
         if name == "deploy_quick":
             mode["pull_interval"] = args.pull_interval
-        if args.task_nice is not None:
-            mode["task_nice"] = args.task_nice
         status = run_federation(args.experiment, sets, n, args.out / name, show=quiet,
                                 state_root=args.out / f"{name}-state", during=sampler, **mode)
         sampler.stop.set()

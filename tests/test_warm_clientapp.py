@@ -3,7 +3,6 @@
 A poll is an HTTP request the SuperNode answers; a fixed 0.05 s poll cost 20 warm nodes more CPU
 than their training on a 2-core machine (docs/PERFORMANCE.md). Time is virtual here."""
 
-import os
 from types import SimpleNamespace
 
 import pytest
@@ -80,17 +79,12 @@ def test_a_quick_nodes_clientapp_waits_at_most_its_poll_max(monkeypatch):
     assert 20 / 0.5 <= node.polls <= 20 / 0.5 + 2 * 5  # idle at 0.5 s, not 1 s
 
 
-@pytest.mark.parametrize("task_nice", [0, warm.TASK_NICE])
 @pytest.mark.parametrize("fails", [False, True])
 def test_a_task_hands_its_stamps_to_the_app_and_returns_the_context_without_them(monkeypatch,
-                                                                                  fails, caplog,
-                                                                                  task_nice):
+                                                                                  fails, caplog):
     """The warm ClientApp stamps when it took the task and when its input was pulled into the
     node config the app's client_fn reads (fedapps/timing.py), and takes them out before the
-    context goes back to the SuperNode, also when the app raises. The app runs `task_nice`
-    nicer than the thread that pulls and pushes (which keeps its priority), in another thread
-    only when that differs."""
-    import threading
+    context goes back to the SuperNode, also when the app raises."""
     import time
 
     import flwr.supercore.heartbeat as heartbeat
@@ -111,8 +105,6 @@ def test_a_task_hands_its_stamps_to_the_app_and_returns_the_context_without_them
 
     def app(message, context):
         seen.update(node_stamps(context.node_config))
-        seen["thread"] = threading.get_native_id()
-        seen["nice"] = os.getpriority(os.PRIO_PROCESS, seen["thread"])
         if fails:
             raise RuntimeError("the client failed")
         return "r"
@@ -139,13 +131,8 @@ def test_a_task_hands_its_stamps_to_the_app_and_returns_the_context_without_them
 
         monkeypatch.setattr(flwr.app, "Message", lambda content, reply_to: "error reply")
     taken = time.time() - 0.5
-    own_nice = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
     with caplog.at_level("INFO", logger="flwr"):
-        assert warm.run_task("addr", "token", True, None, Apps(), taken,
-                             task_nice) is not fails
-    assert seen["nice"] == min(own_nice + task_nice, 19)
-    assert (seen["thread"] != threading.get_native_id()) == (task_nice > 0)
-    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == own_nice
+        assert warm.run_task("addr", "token", True, None, Apps(), taken) is not fails
     done = [r.getMessage() for r in caplog.records if "task done" in r.getMessage()]
     assert len(done) == 1 and done[0].startswith("[warm-clientapp] train task done in ")
     assert ("(FAILED)" if fails else "(COMPLETED)") in done[0].upper() and "resident" in done[0]
@@ -230,27 +217,3 @@ def test_status_fields_are_read_in_kb_and_a_missing_one_is_none():
     peak = status_kb("VmHWM")
     assert abs(peak - resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) <= 2048
     assert status_kb("NoSuchField") is None and status_kb("VmRSS", pid=2**31) is None
-
-
-def test_work_at_lower_priority_returns_its_value_and_raises_its_error():
-    """at_lower_priority hands back what the work returned or raised, unchanged."""
-    assert warm.at_lower_priority(lambda: 41 + 1, 10) == 42
-
-    class Failed(Exception):
-        pass
-
-    def fail():
-        raise Failed("the client failed")
-
-    with pytest.raises(Failed, match="the client failed"):
-        warm.at_lower_priority(fail, 10)
-
-
-def test_the_warm_clientapp_command_carries_the_task_niceness():
-    from fedapps.deploy import warm_clientapp_command
-
-    cmd = warm_clientapp_command(9094, 123, task_nice=0)
-    assert cmd[cmd.index("--task-nice") + 1] == "0"
-    assert "--task-nice" not in warm_clientapp_command(9094, 123)  # its default, TASK_NICE
-    with pytest.raises(SystemExit):
-        warm.main(["--runtime-api-address", "127.0.0.1:1", "--task-nice", "20"])
