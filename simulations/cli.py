@@ -21,7 +21,7 @@ from fedapps.errors import ConfigError
 
 def _reproduce(args: argparse.Namespace) -> int:
     from fedapps.launcher import descendants, gpus_per_client, run_experiment, terminate
-    from simulations.reproduce import reproduce
+    from simulations.reproduce import parse_seeds, reproduce
 
     jobs = args.jobs
     # concurrent runs split the CPUs (each SuperLink's Ray would otherwise claim all of them)
@@ -36,7 +36,8 @@ def _reproduce(args: argparse.Namespace) -> int:
                               mode=rundir.REDO_UNFINISHED,
                               ray_address=args.ray_address)
 
-    out = reproduce(args.grid, args.seeds, args.overrides, Path(args.output_dir).resolve(),
+    seeds = parse_seeds(args.seeds) if args.seeds is not None else None
+    out = reproduce(args.grid, seeds, args.overrides, Path(args.output_dir).resolve(),
                     runner, table_only=args.table_only,
                     only=[c for c in args.cells.split(",") if c] if args.cells else (),
                     jobs=jobs, on_interrupt=lambda: terminate(descendants(os.getpid())),
@@ -174,7 +175,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "memory and sizing. Every command has its own --help.")
     r = sub.add_parser("reproduce", help="run a grid over seeds; table and plots vs the paper")
     r.add_argument("grid", help="a file in conf/grid (or an experiment preset)")
-    r.add_argument("--seeds", type=int, default=None, help="use seeds 0..N-1 (default: the grid's)")
+    r.add_argument("--seeds", default=None, metavar="N|LIST",
+                   help="N: seeds 0..N-1; or the seeds themselves, e.g. 1,3 or 1-3 "
+                        "(default: the grid's)")
     r.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key in every run of the grid")
     r.add_argument("--cells", default=None, metavar="LABEL[,LABEL]",

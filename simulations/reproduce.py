@@ -414,7 +414,24 @@ def plot_all(by_cell: dict[str, list[dict[str, Any]]], out: Path, title: str) ->
     return paths
 
 
-def reproduce(name: str, seeds: int | None, overrides: Sequence[str], out_root: Path,
+def parse_seeds(text: str) -> int | list[int]:
+    """`--seeds`: a bare N means seeds 0..N-1 (the grid's first N); a list of seeds and
+    ranges ("1,3", "1-3", "0,2-3") names the seeds themselves, so a grid's seeds can be split
+    over machines or sessions without rerunning the ones done elsewhere."""
+    if text.strip().isdigit():
+        return int(text)
+    seeds: set[int] = set()
+    for piece in text.split(","):
+        lo, dash, hi = piece.strip().partition("-")
+        if not lo.isdigit() or (dash and not hi.isdigit()) or (dash and int(hi) < int(lo)):
+            raise ConfigError(f"--seeds {text}: give N (seeds 0..N-1) or seeds and ranges "
+                              f"such as 1,3 or 1-3")
+        seeds.update(range(int(lo), int(hi if dash else lo) + 1))
+    return sorted(seeds)
+
+
+def reproduce(name: str, seeds: int | Sequence[int] | None, overrides: Sequence[str],
+              out_root: Path,
               runner: Runner, log: Callable[[str], None] = print,
               table_only: bool = False, only: Sequence[str] = (), jobs: int = 1,
               on_interrupt: Callable[[], None] = lambda: None,
@@ -427,10 +444,10 @@ def reproduce(name: str, seeds: int | None, overrides: Sequence[str], out_root: 
     grid's `paired: [[cell, baseline], ...]` names the pairs instead.
     """
     grid = load_grid(name)
-    if seeds is not None and seeds < 1:
+    if isinstance(seeds, int) and seeds < 1:
         raise ConfigError(f"--seeds {seeds}: must be >= 1 (runs seeds 0..N-1)")
     if seeds is not None:
-        grid.seeds = list(range(seeds))
+        grid.seeds = list(range(seeds)) if isinstance(seeds, int) else list(seeds)
     if not table_only:
         run_grid(grid, overrides, out_root, runner, log, only, jobs, on_interrupt)
     by_cell = collect(grid, out_root)

@@ -224,6 +224,30 @@ def test_table_only_starts_no_run(tmp_path):
     assert calls == [] and (out / "table.md").read_text().startswith("# quickstart")
 
 
+def test_seeds_are_a_count_or_the_seeds_themselves(tmp_path):
+    """`--seeds 1-2,4` runs those seeds only (a grid split over machines); `--seeds 2` is 0..1."""
+    from fedapps.errors import ConfigError
+    from simulations.reproduce import parse_seeds, reproduce
+
+    assert parse_seeds("2") == 2
+    assert parse_seeds("1-2,4") == [1, 2, 4] and parse_seeds("3,1,1") == [1, 3]
+    for bad in ("", "1-", "3-1", "a", "-1", "1,,2"):
+        with pytest.raises(ConfigError, match="give N .seeds 0..N-1. or seeds and ranges"):
+            parse_seeds(bad)
+
+    ran = []
+
+    def runner(experiment, sets, n_clients, run_dir):
+        ran.append(run_dir.name)
+        run_dir.mkdir(parents=True)
+        (run_dir / "results.json").write_text(json.dumps(fake_doc(0.5, 0.5)))
+        return "finished:completed"
+
+    reproduce("quickstart", [1, 3], [], tmp_path, runner, log=lambda s: None)
+    reproduce("quickstart", 2, [], tmp_path, runner, log=lambda s: None)  # seed 1 is kept
+    assert ran == ["run-s1", "run-s3", "run-s0"]
+
+
 def test_model_heterogeneous_runs_add_official_test_and_cost_columns():
     docs = [fake_doc(0.5, 0.9) for _ in range(2)]
     for doc, acc, params in zip(docs, (0.60, 0.64), (2_978_123, 2_978_123), strict=True):
