@@ -176,8 +176,8 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("reproduce", help="run a grid over seeds; table and plots vs the paper")
     r.add_argument("grid", help="a file in conf/grid (or an experiment preset)")
     r.add_argument("--seeds", default=None, metavar="N|LIST",
-                   help="N: seeds 0..N-1; or the seeds themselves, e.g. 1,3 or 1-3 "
-                        "(default: the grid's)")
+                   help="N: seeds 0..N-1; or the seeds themselves, e.g. 1,3 or 1-3 (seed 2 "
+                        "alone: 2-2) (default: the grid's)")
     r.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key in every run of the grid")
     r.add_argument("--cells", default=None, metavar="LABEL[,LABEL]",

@@ -416,8 +416,8 @@ def plot_all(by_cell: dict[str, list[dict[str, Any]]], out: Path, title: str) ->
 
 def parse_seeds(text: str) -> int | list[int]:
     """`--seeds`: a bare N means seeds 0..N-1 (the grid's first N); a list of seeds and
-    ranges ("1,3", "1-3", "0,2-3") names the seeds themselves, so a grid's seeds can be split
-    over machines or sessions without rerunning the ones done elsewhere."""
+    ranges ("1,3", "1-3", "0,2-3"; seed 2 alone "2-2") names the seeds themselves, so a grid's
+    seeds can be split over machines or sessions without rerunning the ones done elsewhere."""
     if text.strip().isdigit():
         return int(text)
     seeds: set[int] = set()

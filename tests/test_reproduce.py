@@ -231,6 +231,7 @@ def test_seeds_are_a_count_or_the_seeds_themselves(tmp_path):
 
     assert parse_seeds("2") == 2
     assert parse_seeds("1-2,4") == [1, 2, 4] and parse_seeds("3,1,1") == [1, 3]
+    assert parse_seeds("2-2") == [2]
     for bad in ("", "1-", "3-1", "a", "-1", "1,,2"):
         with pytest.raises(ConfigError, match="give N .seeds 0..N-1. or seeds and ranges"):
             parse_seeds(bad)
