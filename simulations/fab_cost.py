@@ -58,6 +58,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=30)
     args = parser.parse_args(argv)
+    if args.repeats < 1:
+        parser.error(f"--repeats {args.repeats}: at least 1")
     bundles = fabs()
     with tempfile.TemporaryDirectory() as home:
         os.environ["FLWR_HOME"] = home  # installs go here, not into the user's Flower home
