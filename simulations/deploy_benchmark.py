@@ -326,6 +326,15 @@ def startup_probe(experiment: str, sets: list[str], python: str = sys.executable
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def save_partial(report: dict, out: Path, mode: str) -> None:
+    """Write the report so far and say so: a mode takes minutes, and a run stopped later (a time
+    limit, a crash) keeps the modes already done."""
+    (out / "deploy_benchmark.json").write_text(json.dumps(report, indent=1))
+    wall, rnd = report[mode]["wall_s"], report[mode].get("steady_seconds", 0.0)
+    print(f"[deploy_benchmark] {mode}: {report[mode]['status']}, {wall} s, steady round "
+          f"{rnd:.2f} s -> {out / 'deploy_benchmark.json'}", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -362,6 +371,7 @@ def main(argv: list[str] | None = None) -> int:
         report["simulation"] = {"status": status, "wall_s": round(time.perf_counter() - t, 1),
                                 "cpu_seconds": cpu.totals(),
                                 **round_stats(args.out / "simulation")}
+        save_partial(report, args.out, "simulation")
     for name in [m for m in modes if m.startswith("deploy")]:
         sampler, cpu = TreeSampler(), CpuSampler()
         cpu.start()
@@ -383,6 +393,7 @@ def main(argv: list[str] | None = None) -> int:
                         "peak_clientapp_pss_mb": sampler.peak_app_pss // 1024,
                         "task_memory": task_memory(args.out / name / "logs"),
                         **round_stats(args.out / name)}
+        save_partial(report, args.out, name)
     (args.out / "deploy_benchmark.json").write_text(json.dumps(report, indent=1))
     print(json.dumps(report, indent=1))
     print(timing_table(report, modes))
