@@ -326,13 +326,17 @@ def startup_probe(experiment: str, sets: list[str], python: str = sys.executable
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def save_partial(report: dict, out: Path, mode: str) -> None:
+def save_partial(report: dict, out: Path, part: str) -> None:
     """Write the report so far and say so: a mode takes minutes, and a run stopped later (a time
-    limit, a crash) keeps the modes already done."""
+    limit, a crash) keeps the probe and the modes already done."""
     (out / "deploy_benchmark.json").write_text(json.dumps(report, indent=1))
-    wall, rnd = report[mode]["wall_s"], report[mode].get("steady_seconds", 0.0)
-    print(f"[deploy_benchmark] {mode}: {report[mode]['status']}, {wall} s, steady round "
-          f"{rnd:.2f} s -> {out / 'deploy_benchmark.json'}", flush=True)
+    done = report[part]
+    if part == "startup_probe":
+        summary = f"imports {done.get('imports_s')} s, fit {done.get('fit_s')} s"
+    else:
+        summary = (f"{done['status']}, {done['wall_s']} s, steady round "
+                   f"{done.get('steady_seconds', 0.0):.2f} s")
+    print(f"[deploy_benchmark] {part}: {summary} -> {out / 'deploy_benchmark.json'}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -363,6 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.probe_only:
         print(json.dumps(report["startup_probe"]))
         return 0
+    save_partial(report, args.out, "startup_probe")
     if "simulation" in modes:
         cpu = CpuSampler()
         cpu.start()

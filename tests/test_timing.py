@@ -197,19 +197,23 @@ def test_the_warm_clientapp_writes_the_keys_the_client_reads():
 
 
 def test_the_benchmark_keeps_each_finished_mode_on_disk(tmp_path, capsys):
-    """A benchmark stopped after its first mode (a time limit, a crash) keeps that mode's
-    report: save_partial writes the whole report so far and says which mode finished."""
+    """A benchmark stopped during a mode (a time limit, a crash) keeps the probe and the modes
+    before it: save_partial writes the whole report so far and says which part finished."""
     import json
 
     from simulations.deploy_benchmark import save_partial
 
-    report = {"experiment": "x", "simulation": {"status": "finished:completed", "wall_s": 41.5,
-                                                "steady_seconds": 4.125}}
+    report = {"experiment": "x", "startup_probe": {"imports_s": 2.5, "fit_s": 1.25}}
+    save_partial(report, tmp_path, "startup_probe")  # before any mode: the probe is kept
+    assert json.loads((tmp_path / "deploy_benchmark.json").read_text()) == report
+    assert "startup_probe: imports 2.5 s, fit 1.25 s" in capsys.readouterr().out
+    report["simulation"] = {"status": "finished:completed", "wall_s": 41.5,
+                            "steady_seconds": 4.125}
     save_partial(report, tmp_path, "simulation")
     assert json.loads((tmp_path / "deploy_benchmark.json").read_text()) == report
     assert "simulation: finished:completed, 41.5 s, steady round 4.12 s" in capsys.readouterr().out
     report["deploy_warm"] = {"status": "finished:failed", "wall_s": 9.0}  # no rounds: 0.00
     save_partial(report, tmp_path, "deploy_warm")
     assert set(json.loads((tmp_path / "deploy_benchmark.json").read_text())) == {
-        "experiment", "simulation", "deploy_warm"}
+        "experiment", "startup_probe", "simulation", "deploy_warm"}
     assert "deploy_warm: finished:failed, 9.0 s, steady round 0.00 s" in capsys.readouterr().out
