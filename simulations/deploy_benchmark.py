@@ -399,7 +399,6 @@ def main(argv: list[str] | None = None) -> int:
                         "task_memory": task_memory(args.out / name / "logs"),
                         **round_stats(args.out / name)}
         save_partial(report, args.out, name)
-    (args.out / "deploy_benchmark.json").write_text(json.dumps(report, indent=1))
     print(json.dumps(report, indent=1))
     print(timing_table(report, modes))
     print(memory_table(report, modes))
