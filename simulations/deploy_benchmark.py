@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 from fedapps.deploy import SuperNode, run_federation
-from fedapps.launcher import run_experiment
+from fedapps.launcher import default_filter, run_experiment
 from fedapps.processes import child_map, command_line, cpu_seconds, descendants
 from fedapps.timing import SPLIT_PARTS
 
@@ -352,6 +352,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="deploy_quick's SuperNode idle pull in seconds (default 0.5)")
     p.add_argument("--probe-only", action="store_true",
                    help="only the fresh-interpreter probe (runs with the fedapps on PYTHONPATH)")
+    p.add_argument("--progress", action="store_true",
+                   help="print each run's progress lines (rounds, clients waited for), to see "
+                        "where a slow mode spends its time")
     p.add_argument("--python", default=sys.executable,
                    help="interpreter of the probe: another environment's (e.g. a CPU-only "
                         "torch edge install, deploy/README.md) to measure its footprint")
@@ -361,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     n = int(next((s.split("=")[1] for s in sets if s.startswith("federation.num-clients=")),
                  20))
     args.out.mkdir(parents=True, exist_ok=True)
-    quiet = lambda line: False  # noqa: E731
+    show = default_filter if args.progress else lambda line: False
     report: dict = {"experiment": args.experiment, "overrides": sets, "clients": n}
     report["startup_probe"] = startup_probe(args.experiment, sets, args.python)
     if args.probe_only:
@@ -372,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
         cpu = CpuSampler()
         cpu.start()
         t = time.perf_counter()
-        status = run_experiment(args.experiment, sets, n, args.out / "simulation", show=quiet)
+        status = run_experiment(args.experiment, sets, n, args.out / "simulation", show=show)
         report["simulation"] = {"status": status, "wall_s": round(time.perf_counter() - t, 1),
                                 "cpu_seconds": cpu.totals(),
                                 **round_stats(args.out / "simulation")}
@@ -386,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
             if "warm" in inspect.signature(run_federation).parameters else {}
         if name == "deploy_quick":
             mode["pull_interval"] = args.pull_interval
-        status = run_federation(args.experiment, sets, n, args.out / name, show=quiet,
+        status = run_federation(args.experiment, sets, n, args.out / name, show=show,
                                 state_root=args.out / f"{name}-state", during=sampler, **mode)
         sampler.stop.set()
         report[name] = {"status": status, "wall_s": round(time.perf_counter() - t, 1),

@@ -217,3 +217,24 @@ def test_the_benchmark_keeps_each_finished_mode_on_disk(tmp_path, capsys):
     assert set(json.loads((tmp_path / "deploy_benchmark.json").read_text())) == {
         "experiment", "startup_probe", "simulation", "deploy_warm"}
     assert "deploy_warm: finished:failed, 9.0 s, steady round 0.00 s" in capsys.readouterr().out
+
+
+def test_the_benchmark_shows_progress_lines_only_when_asked(tmp_path, monkeypatch):
+    """--progress hands the runs the launcher's progress filter (a slow mode on a lent machine
+    shows where it stands); without it every line of the run stays quiet."""
+    import pytest
+
+    import simulations.deploy_benchmark as bench
+
+    shown: list[bool] = []
+
+    def fake_run(experiment, sets, n, run_dir, show):
+        shown.append(show("INFO :      [fedapps] round 2/8  G 85.42%"))
+        raise KeyboardInterrupt  # stop before the tables: only the filter is under test
+
+    monkeypatch.setattr(bench, "startup_probe", lambda *a: {"imports_s": 1.0, "fit_s": 1.0})
+    monkeypatch.setattr(bench, "run_experiment", fake_run)
+    for flags in (["--progress"], []):
+        with pytest.raises(KeyboardInterrupt):
+            bench.main(["--modes", "simulation", "--out", str(tmp_path), *flags])
+    assert shown == [True, False]
