@@ -228,13 +228,16 @@ def test_the_benchmark_shows_progress_lines_only_when_asked(tmp_path, monkeypatc
 
     shown: list[bool] = []
 
+    class Stop(Exception):
+        """Ends main before the tables: only the filter is under test."""
+
     def fake_run(experiment, sets, n, run_dir, show):
         shown.append(show("INFO :      [fedapps] round 2/8  G 85.42%"))
-        raise KeyboardInterrupt  # stop before the tables: only the filter is under test
+        raise Stop
 
     monkeypatch.setattr(bench, "startup_probe", lambda *a: {"imports_s": 1.0, "fit_s": 1.0})
     monkeypatch.setattr(bench, "run_experiment", fake_run)
     for flags in (["--progress"], []):
-        with pytest.raises(KeyboardInterrupt):
+        with pytest.raises(Stop):
             bench.main(["--modes", "simulation", "--out", str(tmp_path), *flags])
     assert shown == [True, False]
