@@ -16,7 +16,8 @@ pulling its input, running it, the peak; `task_memory`). A fresh interpreter als
 each cold message pays before training (imports + data) and one fit, with the peak RSS after
 each stage (and whether the fit imported torch._dynamo), then what importing a warm
 ClientApp's Flower runtime adds; `--python` runs that probe under another environment's
-interpreter (the lean node install of deploy/README.md).
+interpreter (the lean node install of deploy/README.md). `--progress` prints each run's
+progress lines (rounds, the clients a round waits for), which are quiet otherwise.
 
     FEDAPPS_DATA_ROOT=../shared/data python -m simulations.deploy_benchmark --out DIR
 """

@@ -222,8 +222,6 @@ def test_the_benchmark_keeps_each_finished_mode_on_disk(tmp_path, capsys):
 def test_the_benchmark_shows_progress_lines_only_when_asked(tmp_path, monkeypatch):
     """--progress hands the runs the launcher's progress filter (a slow mode on a lent machine
     shows where it stands); without it every line of the run stays quiet."""
-    import pytest
-
     import simulations.deploy_benchmark as bench
 
     shown: list[bool] = []
