@@ -24,7 +24,7 @@ import httpx
 from fedapps import rundir
 from fedapps.errors import ConfigError
 from fedapps.launcher import CONNECTION, LocalSuperLink, default_filter, free_port, submit
-from fedapps.processes import unwatch, watch
+from fedapps.processes import mark_of, start_watched, stop_trees, unwatch
 
 IN_MEMORY_LINK_STATE = ":flwr-in-memory:"  # flower-superlink's --database for state in RAM
 LOG_FOLDER = "logs"  # <run dir>/logs: superlink.log, supernode-<i>.log (warm ClientApps too)
@@ -92,21 +92,18 @@ class SuperNode:
                                 self.pull_interval)
         env = self.link.env()
         env["FLWR_HOME"] = str(self.link.workdir / f"node-home-{self.index}")
-        with open(self.log_path, "ab") as log_file:
-            self.process = subprocess.Popen(cmd, env=env, stdout=log_file,
-                                            stderr=subprocess.STDOUT, start_new_session=True)
+        with open(self.log_path, "ab") as log_file:  # both die with the launcher, even SIGKILL
+            self.process = start_watched(cmd, env=env, stdout=log_file,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
             if self.warm:
                 try:
-                    self.worker = subprocess.Popen(
+                    self.worker = start_watched(
                         warm_clientapp_command(port, self.process.pid, self.pull_interval),
                         env=env,
                         stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
                 except OSError:
-                    stop_group(self.process, signal.SIGTERM, 10.0)  # never leave it behind
+                    self.stop()  # never leave the SuperNode behind
                     raise
-        watch(self.process.pid)  # dies with the launcher, even on SIGKILL
-        if self.worker is not None:
-            watch(self.worker.pid)
         return self
 
     def alive(self) -> bool:
@@ -116,7 +113,8 @@ class SuperNode:
         for process in (self.process, self.worker):
             if process is not None and process.poll() is None:
                 stop_group(process, sig, timeout)
-            if process is not None:
+            if process is not None:  # and what left its group
+                stop_trees([], grace=timeout, marks=[mark_of(process.pid)])
                 unwatch(process.pid)
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import httpx
 
 from fedapps import rundir
-from fedapps.processes import descendants, terminate, unwatch, watch
+from fedapps.processes import descendants, mark_of, start_watched, stop_trees, unwatch
 
 APP_DIR = Path(__file__).resolve().parent.parent
 CONNECTION = "fedapps"
@@ -101,9 +101,9 @@ class LocalSuperLink:
                "--database", self.database or str(self.home / "state.db"),
                *(self.extra_args or ["--insecure"])]
         with open(self.log_path, "ab") as log_file:
-            self.process = subprocess.Popen(cmd, env=self.env(), stdout=log_file,
-                                            stderr=subprocess.STDOUT, start_new_session=True)
-        watch(self.process.pid)  # dies with this process, even on SIGKILL
+            # dies with this process, even on SIGKILL; marked, so Ray's orphans are found too
+            self.process = start_watched(cmd, env=self.env(), stdout=log_file,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -143,7 +143,7 @@ class LocalSuperLink:
                 break
             except subprocess.TimeoutExpired:
                 continue
-        terminate(family)
+        stop_trees(family, grace=5.0, marks=[mark_of(pid)])  # what left the group, orphans too
         unwatch(pid)
 
     def __exit__(self, *exc: object) -> None:
@@ -203,9 +203,8 @@ def submit(
     tail: list[str] = []
     error = ""  # the last exception line in the log: why a failed run failed
     colour = sys.stdout.isatty()  # no escape codes in redirected logs
-    proc = subprocess.Popen(cmd, env=link.env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, bufsize=1)
-    watch(proc.pid)
+    proc = start_watched(cmd, env=link.env(), stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, bufsize=1)
     assert proc.stdout is not None
     try:
         for line in proc.stdout:

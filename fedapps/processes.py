@@ -7,6 +7,12 @@ run on; the SuperLink would even finish the run. So the launcher starts one watc
 registers every child it starts (`watch`). However the launcher ends, the kernel closes the
 write end: the watchdog reads EOF and stops the process tree of every child still registered.
 
+A tree is more than /proc's parent links show: a process started just as its parent is stopped
+(Ray's raylet starts its dashboard and runtime-env agents in the seconds after Ray comes up) is
+reparented to init when the parent dies, and no descendant sweep finds it again. So each child
+is started with a random mark in its environment (`start_watched`), which everything below it
+inherits; stopping a tree also stops every live process that carries its mark.
+
 A pipe rather than Linux's PR_SET_PDEATHSIG: the death signal follows the *thread* that forked
 the child, and children are started from worker threads (`reproduce --jobs`, fault tests that
 restart nodes), which would kill them when that thread ends. Process start times guard against
@@ -21,7 +27,10 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 
 def child_map() -> dict[int, list[int]]:
@@ -112,18 +121,58 @@ def terminate(pids: list[int], grace: float = 5.0) -> None:
         pids = alive
 
 
-def stop_trees(pids: list[int], grace: float = 3.0) -> None:
-    """Stop processes and all their descendants (those that left its session included) at
-    once; descendants started while they shut down are collected again for the SIGKILL."""
-    family = [q for p in pids for q in (p, *descendants(p))]
+MARK_VAR = "FEDAPPS_TREE_MARKS"
+
+
+def marked_env(env: Mapping[str, str] | None = None) -> tuple[dict[str, str], str]:
+    """A copy of `env` (default: this process's) with a new random mark appended to MARK_VAR,
+    which stays the last variable: processes that rewrite their title (Ray's, setproctitle)
+    overwrite the start of their environment block, not its end. Marks add up, so a tree
+    inside a marked tree carries both."""
+    env = dict(os.environ if env is None else env)
+    mark = uuid.uuid4().hex
+    env[MARK_VAR] = f"{env.pop(MARK_VAR, '')} {mark}".strip()
+    return env, mark
+
+
+def marked(marks: Iterable[str]) -> list[int]:
+    """Live processes (this one excepted) whose environment carries one of `marks`."""
+    wanted = [m.encode() for m in marks if m]
+    found: list[int] = []
+    if not wanted:
+        return found
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        pid = int(environ.parent.name)
+        try:
+            blob = environ.read_bytes()
+        except OSError:  # gone, or another user's
+            continue
+        if pid != os.getpid() and any(m in blob for m in wanted) and running(pid):
+            found.append(pid)
+    return found
+
+
+def stop_trees(pids: list[int], grace: float = 3.0, marks: Iterable[str] = ()) -> None:
+    """Stop processes, all their descendants (those that left its session included) and every
+    process carrying one of `marks`, at once; then SIGKILL what was started while they shut
+    down, again by parent links and by mark, until no marked process is left (at most 2 s)."""
+    marks = list(marks)
+    family = [q for p in pids for q in (p, *descendants(p))] + marked(marks)
     terminate(family, grace)
-    terminate([q for p in family for q in descendants(p)], grace=0.0)
+    deadline = time.monotonic() + 2.0
+    while True:
+        late = [q for p in family for q in descendants(p)] + marked(marks)
+        terminate(late, grace=0.0)
+        if not late or time.monotonic() > deadline:
+            return
+        family = late
+        time.sleep(0.05)
 
 
 # ---- the watchdog --------------------------------------------------------------------------
 _lock = threading.Lock()
 _watchdog: subprocess.Popen | None = None
-_watched: dict[int, str] = {}  # pid -> start time, re-sent if the watchdog must restart
+_watched: dict[int, tuple[str, str]] = {}  # pid -> (start time, mark), re-sent on a restart
 
 
 def _send(line: str) -> None:
@@ -136,7 +185,7 @@ def _send(line: str) -> None:
                 [sys.executable, "-I", str(Path(__file__).resolve()), str(os.getpid())],
                 stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                 start_new_session=True, text=True)  # Ctrl-C on the terminal does not reach it
-            line = "".join(f"+{p} {t}\n" for p, t in _watched.items()) + line
+            line = "".join(f"+{p} {t} {m}\n" for p, (t, m) in _watched.items()) + line
         try:
             assert _watchdog.stdin is not None
             _watchdog.stdin.write(line)
@@ -146,15 +195,31 @@ def _send(line: str) -> None:
             _watchdog = None
 
 
-def watch(pid: int) -> None:
-    """Tie a child's process tree to this process: if this process dies without stopping the
-    child (SIGKILL included), the watchdog stops it within a fraction of a second."""
+def watch(pid: int, mark: str = "") -> None:
+    """Tie a child's process tree (and every process carrying `mark`) to this process: if this
+    process dies without stopping the child (SIGKILL included), the watchdog stops it within a
+    fraction of a second."""
     start = start_time(pid)
     if start is None:  # already gone (or not Linux: nothing to watch with)
         return
     with _lock:
-        _watched[pid] = start
-        _send(f"+{pid} {start}\n")
+        _watched[pid] = (start, mark)
+        _send(f"+{pid} {start} {mark}\n")
+
+
+def start_watched(cmd: Sequence[str], env: Mapping[str, str] | None = None,
+                  **popen: Any) -> subprocess.Popen:  # noqa: ANN401 - Popen's own keywords
+    """Popen a child with a new mark in its environment, watched with that mark."""
+    marked_environment, mark = marked_env(env)
+    process = subprocess.Popen(list(cmd), env=marked_environment, **popen)
+    watch(process.pid, mark)
+    return process
+
+
+def mark_of(pid: int) -> str:
+    """The mark a watched child was started with ('' if none, or no longer watched)."""
+    with _lock:
+        return _watched.get(pid, ("", ""))[1]
 
 
 def unwatch(pid: int) -> None:
@@ -168,18 +233,19 @@ def _serve(stream) -> None:  # noqa: ANN001 - a text stream (stdin)
     """The watchdog: read registrations until EOF (the launcher ended), then stop every
     registered child that is still the same process."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    registered: dict[int, str] = {}
+    registered: dict[int, tuple[str, str]] = {}
     for line in stream:
-        op, _, rest = line.strip().partition(" ")
+        op, *rest = line.split() or [""]
         try:
             pid = int(op[1:])
         except ValueError:
             continue
-        if op.startswith("+"):
-            registered[pid] = rest
+        if op.startswith("+") and rest:
+            registered[pid] = (rest[0], rest[1] if len(rest) > 1 else "")
         elif op.startswith("-"):
             registered.pop(pid, None)
-    stop_trees([pid for pid, start in registered.items() if start_time(pid) == start])
+    stop_trees([pid for pid, (start, _) in registered.items() if start_time(pid) == start],
+               marks=[mark for _, mark in registered.values()])
 
 
 if __name__ == "__main__":

@@ -20,7 +20,8 @@ from fedapps.errors import ConfigError
 
 
 def _reproduce(args: argparse.Namespace) -> int:
-    from fedapps.launcher import descendants, gpus_per_client, run_experiment, terminate
+    from fedapps.launcher import gpus_per_client, run_experiment
+    from fedapps.processes import descendants, terminate
     from simulations.reproduce import parse_seeds, reproduce
 
     jobs = args.jobs

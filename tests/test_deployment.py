@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from fedapps.deploy import run_federation
-from fedapps.launcher import descendants, run_experiment
-from fedapps.processes import command_line
+from fedapps.launcher import run_experiment
+from fedapps.processes import command_line, descendants
 from simulations.deploy_benchmark import task_memory
 
 pytestmark = pytest.mark.integration

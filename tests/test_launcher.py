@@ -7,7 +7,8 @@ import sys
 import time
 from pathlib import Path
 
-from fedapps.launcher import descendants, free_port, terminate, toml_string
+from fedapps.launcher import free_port, toml_string
+from fedapps.processes import descendants, terminate
 
 
 def test_descendants_include_children_in_their_own_session_and_terminate_ends_them():
@@ -137,6 +138,54 @@ time.sleep(60)
     finally:
         proc.kill()
         kill_all(processes_mentioning(marker))
+
+
+def test_a_process_orphaned_while_its_tree_stops_is_found_by_the_mark_it_inherited():
+    """A watched child that, on SIGTERM, starts one more process in a session of its own and
+    exits at once (as a raylet starting Ray's agents just as it is stopped): the new process is
+    an orphan of init, no descendant of anything watched, when the watchdog sweeps again. The
+    mark the child was started with, which the orphan inherits, finds it: it is stopped too."""
+    from fedapps.processes import MARK_VAR, marked_env, running
+
+    marker = f"fedapps-orphan-test-{os.getpid()}-{time.time_ns()}"
+    child = f"""
+import os, signal, subprocess, sys, time
+def late(*_):
+    subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)', {marker!r}],
+                     start_new_session=True)
+    os._exit(0)
+signal.signal(signal.SIGTERM, late)
+print('ready', flush=True)
+time.sleep(60)
+"""
+    launcher = f"""
+import subprocess, sys, time
+from fedapps.processes import start_watched
+p = start_watched([sys.executable, '-c', {child!r}, {marker!r}], stdout=subprocess.PIPE, text=True)
+p.stdout.readline()
+print(p.pid, flush=True)
+time.sleep(60)
+"""
+    proc = subprocess.Popen([sys.executable, "-c", launcher], stdout=subprocess.PIPE, text=True,
+                            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        assert proc.stdout is not None
+        watched = int(proc.stdout.readline())
+        assert running(watched) and watched in processes_mentioning(marker)
+        proc.kill()
+        proc.wait()
+        deadline = time.time() + 10
+        while time.time() < deadline and (running(watched) or processes_mentioning(marker)):
+            time.sleep(0.1)
+        assert not running(watched) and processes_mentioning(marker) == []
+    finally:
+        proc.kill()
+        kill_all(processes_mentioning(marker))
+    # marks add up and stay the last variable (a process title overwrites the block's start)
+    env, first = marked_env({"A": "1"})
+    env, second = marked_env({**env, "B": "2"})
+    assert list(env) == ["A", "B", MARK_VAR] and env[MARK_VAR] == f"{first} {second}"
+    assert len(first) == 32 and first != second
 
 
 def test_sigkill_of_fedapps_run_stops_the_superlink_its_executors_and_the_run(tmp_path):
