@@ -68,6 +68,36 @@ def summarize(rounds: list[dict[str, Any]], metric: str = "accuracy",
     }
 
 
+def environment() -> dict[str, str]:
+    """What a run's digits depend on besides its config and seed: library versions and the CPU.
+    torch picks kernels by the CPU's vector instructions (AVX-512 or AVX2; `cpu_capability`),
+    which sum floats in different orders, so one seed repeats bit for bit only on the same kind
+    of CPU with the same libraries. Of the machine running the ServerApp (in a simulation the
+    clients' too; deployed clients record nothing here)."""
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    import numpy
+    import torch
+
+    try:
+        flwr = version("flwr")
+    except PackageNotFoundError:
+        flwr = "not installed"
+    cpu = platform.processor() or platform.machine()
+    try:
+        names = [line.split(":", 1)[1].strip()
+                 for line in Path("/proc/cpuinfo").read_text().splitlines()
+                 if line.startswith("model name")]
+        cpu = names[0] if names else cpu
+    except OSError:
+        pass
+    return {"python": platform.python_version(), "torch": torch.__version__,
+            "numpy": numpy.__version__, "flwr": flwr, "cpu": cpu,
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"}
+
+
 def mark_failed(run_dir: Path, reason: str) -> bool:
     """Record that the run ended without completing: a results.json still saying `running`
     (the ServerApp died, so its writer never got to say why) becomes `failed: <reason>`.
@@ -106,10 +136,14 @@ class ResultsWriter:
         self.plot_labels = plot_labels  # series names of the plot (plots.SERIES)
         self.rounds: list[dict[str, Any]] = []
         self.started = time.time()
+        # every environment the run has run in, oldest first (a resume elsewhere adds one)
+        self.environments = [environment()]
         if resume_after is not None:  # keep the rounds the checkpoint covers, and their time
             old = json.loads((run_dir / "results.json").read_text())
             self.rounds = [r for r in old["rounds"] if r["round"] <= resume_after]
             self.started -= float(old["summary"].get("wall_seconds") or 0.0)
+            before = old.get("environments", [])
+            self.environments = before + [e for e in self.environments if e not in before[-1:]]
         self.status = "running"
         run_dir.mkdir(parents=True, exist_ok=True)
         check_owner(run_dir, run_id)
@@ -131,7 +165,7 @@ class ResultsWriter:
     def _write(self) -> None:
         check_owner(self.run_dir, self.run_id)
         doc = {"rounds": self.rounds, "summary": self.summary(), "partition": self.partition,
-               "invocation": self.invocation, **self.extra}
+               "invocation": self.invocation, "environments": self.environments, **self.extra}
         atomic_write(self.run_dir / "results.json", json.dumps(doc, indent=1))
         if self.rounds:
             columns = [k for k, v in self.rounds[0].items() if not isinstance(v, list | dict)]

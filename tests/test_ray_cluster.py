@@ -16,9 +16,12 @@ from fedapps.launcher import free_port, run_experiment
 
 pytestmark = pytest.mark.integration
 
-# `fedapps run quickstart --set rounds=2 --set federation.num-clients=3
-#  --set federation.fraction-fit=1.0` on one machine (its own Ray): G per round, and the loss
-SINGLE_MACHINE = [(0.717439293598234, 0.9237435479827275), (0.9183222958057395, 0.2526121765835659)]
+SETS = ["rounds=2", "federation.num-clients=3", "federation.fraction-fit=1.0"]
+
+
+def g_and_loss(run_dir: Path) -> list[tuple[float, float]]:
+    rounds = json.loads((run_dir / "results.json").read_text())["rounds"]
+    return [(r["global_accuracy"], r["loss"]) for r in rounds]
 
 
 def processes():
@@ -34,6 +37,13 @@ def processes():
 
 
 def test_simulation_on_a_two_node_ray_cluster_gives_the_single_machine_numbers(tmp_path):
+    """The reference is measured here, on this machine (its own Ray): float results differ
+    between CPUs (AVX-512 and AVX2 kernels sum in different orders), so no pinned numbers."""
+    single = tmp_path / "single"
+    assert run_experiment("quickstart", SETS, 3, single, show=lambda line: False) == \
+        "finished:completed"
+    single_machine = g_and_loss(single)
+    assert len(single_machine) == 2 and single_machine[1][0] > 0.5  # it learned: chance is 0.1
     port = free_port()
     # Ray's own temp dir, short (Unix socket paths) and private: `ray start` records the
     # cluster there, so no other Ray user on this machine ever connects to it by accident
@@ -59,15 +69,12 @@ def test_simulation_on_a_two_node_ray_cluster_gives_the_single_machine_numbers(t
                         f"{temp}/w", *common], env=env, check=True, capture_output=True,
                        timeout=300)
         watcher.start()
-        sets = ["rounds=2", "federation.num-clients=3", "federation.fraction-fit=1.0"]
         out = tmp_path / "run"
-        status = run_experiment("quickstart", sets, 3, out, show=lambda line: False,
+        status = run_experiment("quickstart", SETS, 3, out, show=lambda line: False,
                                 ray_address=f"127.0.0.1:{port}")
         stop.set()
         assert status == "finished:completed"
-        rounds = json.loads((out / "results.json").read_text())["rounds"]
-        assert [(r["global_accuracy"], r["loss"]) for r in rounds] == \
-            pytest.approx(SINGLE_MACHINE, abs=1e-9)
+        assert g_and_loss(out) == pytest.approx(single_machine, abs=1e-9)
         assert len(raylets) == 2  # clients ran on both nodes
     finally:
         stop.set()

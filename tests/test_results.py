@@ -50,3 +50,28 @@ def test_wandb_disabled_writes_nothing(tmp_path, monkeypatch, mode):
     writer = ResultsWriter(tmp_path / "run", cfg, {"emd": 0.0, "min_client_samples": 1}, 1)
     writer.on_round(rec(1, 0.5, 0.5))
     assert not (tmp_path / "run" / "wandb").exists()
+
+
+def test_environments_record_this_machine_and_grow_only_when_a_resume_runs_elsewhere(tmp_path):
+    import numpy
+    import torch
+
+    cfg = to_container(load_config("quickstart", ["rounds=3"]))
+    part = {"emd": 0.4, "min_client_samples": 12}
+    run = tmp_path / "run"
+    writer = ResultsWriter(run, cfg, part, num_rounds=3)
+    writer.on_round(rec(1, 0.5, 0.6))
+    here = json.loads((run / "results.json").read_text())["environments"]
+    assert len(here) == 1
+    assert here[0]["torch"] == torch.__version__ and here[0]["numpy"] == numpy.__version__
+    assert here[0]["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    # a resume on the same machine adds nothing
+    ResultsWriter(run, cfg, part, num_rounds=3, resume_after=1).on_round(rec(2, 0.6, 0.6))
+    assert json.loads((run / "results.json").read_text())["environments"] == here
+    # a run begun elsewhere (another CPU kind) and resumed here keeps both, oldest first
+    doc = json.loads((run / "results.json").read_text())
+    elsewhere = {**here[0], "cpu_capability": "AVX512", "torch": "2.15.0"}
+    (run / "results.json").write_text(json.dumps({**doc, "environments": [elsewhere]}))
+    ResultsWriter(run, cfg, part, num_rounds=3, resume_after=2).on_round(rec(3, 0.7, 0.7))
+    doc = json.loads((run / "results.json").read_text())
+    assert doc["environments"] == [elsewhere, here[0]] and len(doc["rounds"]) == 3

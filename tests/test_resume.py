@@ -49,6 +49,7 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path, algorithm):
         assert a["global_accuracy"] == b["global_accuracy"]
         assert a["fit_clients"] == b["fit_clients"]
     assert part["summary"]["status"] == "completed"
+    assert part["environments"] == full["environments"]  # resumed on the same machine: one
     # resuming the completed run without more rounds: one line, exit 2, nothing written
     # (tests/test_rundir.py checks the same for `--set model.name=...` in process)
     kept = {f: (tmp_path / "part" / f).read_bytes() for f in ("results.json", "config.yaml")}
