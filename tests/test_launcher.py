@@ -94,6 +94,13 @@ def kill_all(pids: list[int]) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
+def start_launcher(code: str) -> subprocess.Popen:
+    """A Python process running `code` (a stand-in launcher) with this checkout importable;
+    what it prints comes back through a pipe."""
+    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
 def test_watched_children_die_with_a_sigkilled_launcher_even_if_started_from_a_thread():
     """The launcher registers a child from a worker thread that then ends (the case where
     PR_SET_PDEATHSIG would kill the child too early), and unregisters another one: after a
@@ -118,8 +125,7 @@ watch(q.pid); unwatch(q.pid)
 print(q.pid, flush=True)
 time.sleep(60)
 """
-    proc = subprocess.Popen([sys.executable, "-c", launcher], stdout=subprocess.PIPE, text=True,
-                            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = start_launcher(launcher)
     try:
         assert proc.stdout is not None
         watched, unwatched = int(proc.stdout.readline()), int(proc.stdout.readline())
@@ -166,8 +172,7 @@ p.stdout.readline()
 print(p.pid, flush=True)
 time.sleep(60)
 """
-    proc = subprocess.Popen([sys.executable, "-c", launcher], stdout=subprocess.PIPE, text=True,
-                            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = start_launcher(launcher)
     try:
         assert proc.stdout is not None
         watched = int(proc.stdout.readline())
