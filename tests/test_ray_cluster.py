@@ -37,8 +37,8 @@ def processes():
 
 
 def test_simulation_on_a_two_node_ray_cluster_gives_the_single_machine_numbers(tmp_path):
-    """The reference is measured here, on this machine (its own Ray): float results differ
-    between CPUs (AVX-512 and AVX2 kernels sum in different orders), so no pinned numbers."""
+    """The reference is measured here, on this machine (its own Ray): the digits differ
+    between CPU kinds and torch versions (docs/ARCHITECTURE.md), so no pinned numbers."""
     single = tmp_path / "single"
     assert run_experiment("quickstart", SETS, 3, single, show=lambda line: False) == \
         "finished:completed"

@@ -75,8 +75,8 @@ def test_same_seed_gives_the_same_numbers(first_run, tmp_path):
 def test_numbers_are_those_of_the_code_before_the_round_plan_core(first_run):
     """Pinned from commit 97080b4 (before steps, plans and tasks; simulations/parity.py
     recorded every algorithm): quickstart, seed 0, G per round and the loss. The loss's last
-    digits depend on the CPU: torch's AVX-512 and AVX2 kernels sum floats in different orders
-    (pinned on AVX-512; an AVX2-only AMD EPYC gives the same G, the loss within 2e-8)."""
+    digits depend on the CPU and torch (pinned on an AVX-512 AMD EPYC with torch 2.15; an
+    AVX2-only one with torch 2.14.1 gives the same G, the loss within 2e-8)."""
     _, _, doc = first_run
     env = doc["environments"][-1]
     g = [r["global_accuracy"] for r in doc["rounds"]]
