@@ -68,12 +68,13 @@ def summarize(rounds: list[dict[str, Any]], metric: str = "accuracy",
     }
 
 
-def environment() -> dict[str, str]:
+def environment() -> dict[str, str | int]:
     """What a run's digits depend on besides its config and seed: library versions and the CPU.
     torch picks kernels by the CPU's vector instructions (AVX-512 or AVX2; `cpu_capability`),
     which sum floats in different orders, so one seed repeats bit for bit only on the same kind
     of CPU with the same libraries. Of the machine running the ServerApp (in a simulation the
-    clients' too; deployed clients record nothing here)."""
+    clients' too; deployed clients record nothing here). GPUs are counted without initializing
+    CUDA in this process (a process that forks must not have)."""
     import platform
     from importlib.metadata import PackageNotFoundError, version
 
@@ -95,7 +96,7 @@ def environment() -> dict[str, str]:
     return {"python": platform.python_version(), "torch": torch.__version__,
             "numpy": numpy.__version__, "flwr": flwr, "cpu": cpu,
             "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"}
+            "cuda": torch.version.cuda or "none", "gpus": torch.cuda.device_count()}
 
 
 def mark_failed(run_dir: Path, reason: str) -> bool:

@@ -61,7 +61,10 @@ def test_simulation_writes_the_results_contract(first_run):
     for f in ("config.yaml", "metrics.csv", "accuracy.png"):
         assert (tmp / "a" / f).is_file()
     (env,) = doc["environments"]  # this machine's, as the ServerApp process saw it
-    assert env["flwr"] != "not installed" and env["cpu_capability"] and env["cuda"] == "none"
+    import torch
+
+    assert env["flwr"] != "not installed" and env["cpu_capability"]
+    assert env["gpus"] == torch.cuda.device_count() and env["torch"] == torch.__version__
 
 
 def test_same_seed_gives_the_same_numbers(first_run, tmp_path):
