@@ -193,6 +193,35 @@ time.sleep(60)
     assert len(first) == 32 and first != second
 
 
+def test_a_normal_stop_also_stops_what_was_orphaned_while_it_stopped():
+    """The same orphan on a normal stop (LocalSuperLink.stop, SuperNode.stop): stop_trees with
+    the child's mark ends it; by parent links alone it would be left running."""
+    from fedapps.processes import mark_of, running, start_watched, stop_trees, unwatch
+
+    marker = f"fedapps-stop-test-{os.getpid()}-{time.time_ns()}"
+    child = ("import os, signal, subprocess, sys, time\n"
+             "def late(*_):\n"
+             f"    subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)', "
+             f"{marker!r}], start_new_session=True)\n"
+             "    os._exit(0)\n"
+             "signal.signal(signal.SIGTERM, late)\n"
+             "print('ready', flush=True)\n"
+             "time.sleep(60)\n")
+    proc = start_watched([sys.executable, "-c", child], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+        stop_trees([proc.pid], grace=5.0, marks=[mark_of(proc.pid)])
+        proc.wait(timeout=10)
+        deadline = time.time() + 5
+        while time.time() < deadline and processes_mentioning(marker):
+            time.sleep(0.1)
+        assert processes_mentioning(marker) == [] and not running(proc.pid)
+    finally:
+        unwatch(proc.pid)
+        proc.kill()
+        kill_all(processes_mentioning(marker))
+
+
 def test_sigkill_of_fedapps_run_stops_the_superlink_its_executors_and_the_run(tmp_path):
     """`fedapps run` SIGKILLed once its simulation has started Ray: within seconds no process
     of the run is left (the SuperLink, its SuperExec, the ServerApp and simulation executors,

@@ -35,6 +35,8 @@ def first_run(tmp_path_factory):
 
 
 def test_simulation_writes_the_results_contract(first_run):
+    import torch
+
     tmp, proc, doc = first_run
     assert "round 3/3" in proc.stdout and "results in" in proc.stdout
     assert [r["round"] for r in doc["rounds"]] == [1, 2, 3]
@@ -61,8 +63,6 @@ def test_simulation_writes_the_results_contract(first_run):
     for f in ("config.yaml", "metrics.csv", "accuracy.png"):
         assert (tmp / "a" / f).is_file()
     (env,) = doc["environments"]  # this machine's, as the ServerApp process saw it
-    import torch
-
     assert env["flwr"] != "not installed" and env["cpu_capability"]
     assert env["gpus"] == torch.cuda.device_count() and env["torch"] == torch.__version__
 
