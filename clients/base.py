@@ -9,7 +9,6 @@ batching, seeding, state, counting correct predictions - lives here once.
 from __future__ import annotations
 
 import copy
-import os
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from flwr.client import NumPyClient
 from flwr.common import Context, RecordDict
 from torch import nn
 
+from clients import state_files
 from clients.arrays import get_arrays, load_momentum, momentum_arrays, set_arrays
 from clients.optim import EagerSGD
 from fedapps.evaluation import evaluate_sums
@@ -30,7 +30,7 @@ from fedapps.precision import Precision
 from fedapps.settings import AlgoSettings
 from fedapps.tasks import TASKS, Task
 from strategies.phases import local_steps
-from strategies.plan import CROSS_EVALUATE, TRAIN
+from strategies.plan import CROSS_EVALUATE, RESUMED_ROUND, RESUMED_STEP, TRAIN, WHOLE_ROUND
 
 
 class LocalData(Protocol):
@@ -108,6 +108,8 @@ class BaseClient(NumPyClient):
         self.task = task or TASKS["classification"]  # the dataset's: loss and reported sums
         self.generator = torch.Generator()
         self.server_round = 0
+        self.clock: state_files.Clock = (0, 0)  # the instruction's (round, step)
+        self.resumed_after: state_files.Clock | None = None  # the server's resume point
         self._in_precision = False
         self._kept_optimizers: dict[str, torch.optim.Optimizer] = {}  # this fit's, by name
         self.previous_local: nn.Module | None = None  # eval.personal local-previous: P's model
@@ -121,6 +123,7 @@ class BaseClient(NumPyClient):
 
     def fit(self, parameters: list[np.ndarray], config: dict[str, Any]):
         """Dispatch on the instruction's task: train (default) or cross-evaluate."""
+        self.follow_clock(config)
         task = str(config.get("task", TRAIN))
         if task == CROSS_EVALUATE:
             return self.cross_evaluate(parameters, config)
@@ -141,6 +144,7 @@ class BaseClient(NumPyClient):
             **metrics}
 
     def evaluate(self, parameters: list[np.ndarray], config: dict[str, Any]):
+        self.follow_clock(config)
         self.seed_generator(config, stream=1)
         self.load_global(parameters)
         self.model.eval()
@@ -407,26 +411,35 @@ class BaseClient(NumPyClient):
             set_arrays(kept, saved)
         return kept
 
+    def follow_clock(self, config: dict[str, Any]) -> None:
+        """The instruction's (round, step), and the checkpoint the server resumed from (sent
+        with every instruction after a resume): what state on disk may be read
+        (clients/state_files.py)."""
+        self.clock = (int(config.get("server-round", 0)), int(config.get("step", 0)))
+        resumed = config.get(RESUMED_ROUND)
+        self.resumed_after = None if resumed is None else (
+            int(resumed), int(config.get(RESUMED_STEP, WHOLE_ROUND)))
+
     def save_state(self, name: str, arrays: list[np.ndarray]) -> None:
         """Keep arrays across rounds: in Flower's per-node context state and, when the node
-        config has a `state-dir`, on disk (atomic write) so a restarted SuperNode resumes."""
+        config has a `state-dir`, on disk (atomic, stamped with the instruction's round and
+        step, the previous generation kept) so a restarted SuperNode or a resumed run goes
+        on from it."""
         self.state[name] = ArrayRecord(numpy_ndarrays=arrays)
         if self.state_dir is not None:
-            self.state_dir.mkdir(parents=True, exist_ok=True)
-            tmp = self.state_dir / f".{name}.{os.getpid()}.tmp.npz"
-            np.savez(tmp, *arrays)
-            tmp.replace(self.state_dir / f"{name}.npz")
+            state_files.save(self.state_dir, name, arrays, self.clock, self.resumed_after)
 
     def load_state(self, name: str) -> list[np.ndarray] | None:
-        """Arrays saved earlier in this run: from memory, else from `state-dir`, else None."""
+        """Arrays saved earlier in this run: from memory, else from `state-dir` (never what a
+        round the resumed server redoes wrote), else None."""
         record = self.state.get(name)
         if record is not None:
             return record.to_numpy_ndarrays()
-        path = self.state_dir / f"{name}.npz" if self.state_dir is not None else None
-        if path is None or not path.is_file():
+        if self.state_dir is None:
             return None
-        with np.load(path, allow_pickle=False) as z:
-            arrays = [z[f"arr_{i}"] for i in range(len(z.files))]
+        arrays = state_files.load(self.state_dir, name, self.resumed_after)
+        if arrays is None:
+            return None
         self.state[name] = ArrayRecord(numpy_ndarrays=arrays)
         self.state[self.RESTORED] = ConfigRecord({"from-disk": 1})
         return arrays

@@ -8,7 +8,7 @@ import argparse
 import json
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -142,6 +142,34 @@ def _resume(args: argparse.Namespace) -> int:
                           f"N > {done} runs it further")
     args.overrides = [*base, *args.overrides]
     return _run(args, mode=rundir.RESUME)
+
+
+def resume_point(run: Path, experiment: str, overrides: Sequence[str]) -> int | None:
+    """The rounds done by an unfinished run in `run` that `experiment` with `overrides` would
+    continue as `fedapps resume` does: same experiment, no key outside RESUMABLE changed, a
+    run id and a checkpoint short of the rounds. None otherwise (nothing there, a completed
+    run, a run of other settings, one stopped before its first checkpoint, a damaged
+    checkpoint): `fedapps reproduce` then starts the run again from scratch."""
+    import shlex
+
+    from fedapps.checkpoint import load
+
+    if rundir.run_status(run) in (None, "completed") or rundir.read_run_id(run) is None:
+        return None
+    try:
+        invocation = json.loads((run / "results.json").read_text())["invocation"]
+        saved = load(run)
+        if saved is None or invocation.get("command") or invocation["experiment"] != experiment:
+            return None
+        # where the run is now, as `fedapps resume` does (a grid's folder may have moved)
+        resume = ["output.resume=true", f"output.output-dir={run.parent}",
+                  f"output.run-name={run.name}"]
+        before = _resolve(experiment, [*shlex.split(invocation["overrides"]), *resume])
+        after = _resolve(experiment, [*overrides, *resume])
+        rundir.check_resume_changes(to_container(before), to_container(after))
+    except (OSError, KeyError, TypeError, ValueError, ConfigError):  # JSONDecodeError: a ValueError
+        return None
+    return saved.completed_rounds if saved.completed_rounds < int(after.rounds) else None
 
 
 def _named_run(args: argparse.Namespace):

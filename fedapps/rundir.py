@@ -33,8 +33,9 @@ CLIENT_STATE = ".client-state"  # simulation clients' state: <output-dir>/.clien
 NEW = "new"  # refuse a completed or resumable one (the default of `fedapps run`/`deploy-local`)
 OVERWRITE = "overwrite"  # replace it (`--overwrite`)
 RESUME = "resume"  # continue it with its run id (`fedapps resume`)
-REDO_UNFINISHED = "redo-unfinished"  # replace an unfinished run, keep a completed one (grids)
-MODES = (NEW, OVERWRITE, RESUME, REDO_UNFINISHED)
+REDO_UNFINISHED = "redo-unfinished"  # replace an unfinished run, keep a completed one
+RESUME_UNFINISHED = "resume-unfinished"  # continue an unfinished run, keep a completed one (grids)
+MODES = (NEW, OVERWRITE, RESUME, REDO_UNFINISHED, RESUME_UNFINISHED)
 
 # The files and folders a run writes: what --overwrite removes (nothing else is touched).
 RUN_FILES = ("results.json", "metrics.csv", "config.yaml", "checkpoint.npz", RUN_ID,
@@ -58,7 +59,8 @@ class RunDirTaken(ConfigError):
 
 
 class RunCompleted(RunDirTaken):
-    """REDO_UNFINISHED found a completed run (another process finished it meanwhile)."""
+    """REDO_UNFINISHED or RESUME_UNFINISHED found a completed run (another process finished it
+    meanwhile)."""
 
 
 def client_state_root(run_dir: Path) -> Path:
@@ -124,14 +126,14 @@ def clear(run_dir: Path) -> None:
 def _prepare(run_dir: Path, mode: str) -> str:
     """Under the lock: apply `mode` to what is there; the run id to use."""
     status = run_status(run_dir)
-    if mode == RESUME:
+    if mode in (REDO_UNFINISHED, RESUME_UNFINISHED) and status == "completed":
+        raise RunCompleted(f"{run_dir}: completed meanwhile")
+    if mode in (RESUME, RESUME_UNFINISHED):
         run_id = read_run_id(run_dir)
         if run_id is None:
             raise ConfigError(f"{run_dir}: no {RUN_ID} file (a run from before run ids): its "
                               "client state cannot be matched; start it again with --overwrite")
         return check_run_id(run_id)
-    if mode == REDO_UNFINISHED and status == "completed":
-        raise RunCompleted(f"{run_dir}: completed meanwhile")
     if mode == NEW and status == "completed":
         raise RunDirTaken(f"{run_dir}: holds a completed run; add --overwrite to replace it, "
                           "or choose another --set output.run-name=...")

@@ -30,12 +30,19 @@ def _reproduce(args: argparse.Namespace) -> int:
 
     def runner(experiment: str, sets: list[str], n_clients: int, run_dir: Path) -> str:
         device = str(load_config(experiment, sets).device)
-        # an unfinished run starts again clean (new run id); a completed one is never replaced
+        prefix = f"[{run_dir.name}] " if jobs > 1 else ""
+        # an unfinished run continues from its checkpoint with its run id (or, with
+        # --restart-unfinished or when it cannot, starts again clean with a new one); a
+        # completed run is never replaced
+        done = None if args.restart_unfinished else app_cli.resume_point(run_dir, experiment, sets)
+        mode = rundir.REDO_UNFINISHED
+        if done is not None:
+            print(f"{prefix}fedapps: {run_dir.name}: continuing the unfinished run after round "
+                  f"{done}", flush=True)
+            sets, mode = [*sets, "output.resume=true"], rundir.RESUME_UNFINISHED
         return run_experiment(experiment, sets, n_clients, run_dir,
                               gpus_per_client=gpus_per_client(device), total_cpus=cpus,
-                              prefix=f"[{run_dir.name}] " if jobs > 1 else "",
-                              mode=rundir.REDO_UNFINISHED,
-                              ray_address=args.ray_address)
+                              prefix=prefix, mode=mode, ray_address=args.ray_address)
 
     seeds = parse_seeds(args.seeds) if args.seeds is not None else None
     out = reproduce(args.grid, seeds, args.overrides, Path(args.output_dir).resolve(),
@@ -193,6 +200,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also write paired.md: every cell's per-seed differences from this "
                         "cell, with paired t-test and exact sign-flip p-values")
     r.add_argument("--ray-address", default=None, metavar="HOST:PORT", help=app_cli.RAY_HELP)
+    r.add_argument("--restart-unfinished", action="store_true",
+                   help="start an interrupted run again from scratch (new run id) instead of "
+                        "continuing it from its checkpoint")
     p = sub.add_parser("partition", help="build an experiment's partition without training; "
                        "print sizes, class counts and EMDs")
     p.add_argument("experiment", help="preset in conf/experiment")

@@ -40,7 +40,15 @@ from fedapps.timing import TIMING_KEYS
 from strategies import uploads
 from strategies.aggregation import weighted_average
 from strategies.nodes import NodeDirectory, NodeFacts
-from strategies.plan import CROSS_EVALUATE, TRAIN, Assignment, RoundPlan
+from strategies.plan import (
+    CROSS_EVALUATE,
+    RESUMED_ROUND,
+    RESUMED_STEP,
+    TRAIN,
+    WHOLE_ROUND,
+    Assignment,
+    RoundPlan,
+)
 from strategies.records import RoundLog, population, progress_line, round_record, step_line
 from strategies.sampling import sample_clients, sample_evaluators
 from strategies.steps import StepClock
@@ -126,6 +134,9 @@ class BaseStrategy(Strategy):
         # who a step still waits for, logged while clients are slow (Flower applies the timeout)
         self.waiting = Waiting(wait_report_seconds, round_timeout)
         self.steps_done = 0  # global steps completed before this process (a resume)
+        # after a resume, sent with every instruction: clients ignore state on disk written
+        # after this point, in a round the resume redoes (clients/state_files.py)
+        self.resumed_after: dict[str, Scalar] = {}
         self.current: RoundLog | None = None
         self.current_plan: RoundPlan | None = None
         self.round_start: list[np.ndarray] | None = None  # the model the open round started from
@@ -270,7 +281,7 @@ class BaseStrategy(Strategy):
             if id(a.arrays) not in serialized:  # setdefault would serialize every time
                 serialized[id(a.arrays)] = ndarrays_to_parameters(a.arrays)
             params = serialized[id(a.arrays)]
-            config: dict[str, Scalar] = {"server-round": r, **a.config}
+            config: dict[str, Scalar] = {"server-round": r, **self.resumed_after, **a.config}
             if step:
                 config["step"] = step
             if a.task != TRAIN:
@@ -374,7 +385,8 @@ class BaseStrategy(Strategy):
                 continue
             params = ndarrays_to_parameters(self.eval_arrays(r, pid))
             self.round_log(r).bytes_down_eval += parameters_nbytes(params)
-            instructions.append((pid, clients[pid], EvaluateIns(params, {"server-round": r})))
+            config = {"server-round": r, **self.resumed_after}
+            instructions.append((pid, clients[pid], EvaluateIns(params, config)))
         return self.waiting.begin(f"round {r} evaluation", instructions)
 
     def aggregate_evaluate(
@@ -482,6 +494,8 @@ class BaseStrategy(Strategy):
             self.steps_done = self.clock.index(snap.round, snap.step)
             self.current = RoundLog.from_json(snap.open_round or "{}")
             self.round_start = snap.state.get(ROUND_START)
+        self.resumed_after = {RESUMED_ROUND: snap.round,
+                              RESUMED_STEP: WHOLE_ROUND if snap.step is None else snap.step}
         self.global_arrays = [np.asarray(a) for a in snap.global_arrays]
         state = {k: v for k, v in snap.state.items() if k != ROUND_START}
         self.load_state_arrays(state)  # each part reads its own names

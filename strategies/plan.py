@@ -18,6 +18,13 @@ CROSS_EVALUATE = "cross-evaluate"
 EVALUATE = "evaluate"
 TASKS = (TRAIN, CROSS_EVALUATE, EVALUATE)
 
+# After a resume every instruction also carries the checkpoint's round and last completed step
+# (WHOLE_ROUND: the round was complete): clients read no state a redone round wrote
+# (clients/state_files.py).
+RESUMED_ROUND = "resumed-round"
+RESUMED_STEP = "resumed-step"
+WHOLE_ROUND = -1
+
 
 @dataclass
 class Assignment:

@@ -360,27 +360,112 @@ def test_interrupted_parallel_grid_stops_the_running_runs(tmp_path, default_ctrl
         run_grid(GRID, [], tmp_path, FakeRunner(VALUES), jobs=0)
 
 
+QUICK = ["reproduce", "quick", "--seeds", "1", "--set", "rounds=4"]  # fedavg-s0 and fedreb-s0
+
+
+def reproduce_cli(out, *extra):
+    cmd = [sys.executable, "-m", "simulations.cli", *QUICK, "--output-dir", str(out), *extra]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+def per_round(root):
+    doc = json.loads((root / "quick" / "fedavg-s0" / "results.json").read_text())
+    return [(r["global_accuracy"], r["personal_accuracy"]) for r in doc["rounds"]]
+
+
+@pytest.fixture(scope="module")
+def fedavg_alone(tmp_path_factory):
+    """The quick grid's FedAvg cell run alone, uninterrupted: the reference of the tests
+    below."""
+    out = tmp_path_factory.mktemp("alone")
+    reproduce_cli(out, "--cells", "fedavg")
+    return out
+
+
 @pytest.mark.integration
-def test_two_real_simulations_at_once_match_a_run_alone(tmp_path):
+def test_two_real_simulations_at_once_match_a_run_alone(tmp_path, fedavg_alone):
     """`fedapps reproduce --jobs 2`: two SuperLinks side by side, each on its share of the CPUs,
     tag their lines and give the numbers the same cell gives when run alone."""
-    def reproduce_cli(out, *extra):
-        cmd = [sys.executable, "-m", "simulations.cli", "reproduce", "quick", "--seeds", "1",
-               "--set", "rounds=2", "--output-dir", str(out), *extra]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-        return proc.stdout
-
     out = reproduce_cli(tmp_path / "par", "--jobs", "2")
     assert "[fedavg-s0] " in out and "[fedreb-s0] " in out
-    reproduce_cli(tmp_path / "seq", "--cells", "fedavg")
-
-    def per_round(root):
-        doc = json.loads((root / "quick" / "fedavg-s0" / "results.json").read_text())
-        return [(r["global_accuracy"], r["personal_accuracy"]) for r in doc["rounds"]]
-
-    assert per_round(tmp_path / "par") == per_round(tmp_path / "seq")
+    assert per_round(tmp_path / "par") == per_round(fedavg_alone)
     assert (tmp_path / "par" / "quick" / "fedreb-s0" / "results.json").is_file()
+
+
+def lost_round_write(run) -> bool:
+    """Whether a client saved state in a round after the run's checkpoint: the state a
+    resume must not read (clients/state_files.py)."""
+    from clients.state_files import _written_at
+    from fedapps.checkpoint import load
+
+    try:
+        saved = load(run)
+        written = [_written_at(f) for f in (run.parent / ".client-state").rglob("*.npz")]
+    except Exception:  # a file replaced while read: look again
+        return False
+    return saved is not None and any(w and w[0] > saved.completed_rounds for w in written)
+
+
+@pytest.mark.integration
+def test_an_interrupted_grid_continues_its_run_from_the_checkpoint(tmp_path, fedavg_alone):
+    """Ctrl-C while a cell trains, after some clients saved state (SGD momentum, persisted by
+    the preset) in a round not yet checkpointed; the same command again continues the run
+    with its run id after its last checkpoint and ends with the uninterrupted run's numbers:
+    the redone round reads the clients' state from before it."""
+    run = tmp_path / "quick" / "fedavg-s0"
+    cmd = [sys.executable, "-m", "simulations.cli", *QUICK, "--cells", "fedavg",
+           "--output-dir", str(tmp_path)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        while proc.poll() is None and not lost_round_write(run):
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, out[-3000:]
+    assert lost_round_write(run), "the run was not caught with a round in flight"
+    done = json.loads((run / "results.json").read_text())
+    assert done["summary"]["status"] != "completed"
+    run_id = (run / "run-id").read_text()
+    from fedapps.checkpoint import load
+
+    after = load(run).completed_rounds
+    out = reproduce_cli(tmp_path, "--cells", "fedavg")
+    assert f"fedavg-s0: continuing the unfinished run after round {after}" in out
+    assert f"round {after + 1}/4" in out and "round 1/4" not in out
+    assert (run / "run-id").read_text() == run_id
+    assert per_round(tmp_path) == per_round(fedavg_alone)
+    resumed = json.loads((run / "results.json").read_text())["rounds"]
+    assert resumed[after]["clients_state_from_disk"]  # the redone round read the disk
+
+
+def test_cli_continues_an_unfinished_cell_unless_told_to_restart_it(tmp_path, monkeypatch):
+    """The runner `fedapps reproduce` gives the grid: a cell whose run resume_point can
+    continue is claimed with RESUME_UNFINISHED and `output.resume=true`; with
+    --restart-unfinished, or for a cell with nothing to continue, REDO_UNFINISHED."""
+    from fedapps import cli as app_cli
+    from fedapps import launcher, rundir
+    from simulations.cli import main
+
+    calls = []
+
+    def run_experiment(experiment, sets, n, run_dir, **kwargs):  # what Flower would run
+        calls.append((run_dir.name, kwargs["mode"], "output.resume=true" in sets))
+        return "stopped"
+
+    monkeypatch.setattr(launcher, "run_experiment", run_experiment)
+    monkeypatch.setattr(app_cli, "resume_point",
+                        lambda run, experiment, sets: 2 if run.name == "fedavg-s0" else None)
+    main(["reproduce", "quick", "--seeds", "1", "--output-dir", str(tmp_path)])
+    main(["reproduce", "quick", "--seeds", "1", "--output-dir", str(tmp_path),
+          "--restart-unfinished"])
+    assert calls == [("fedavg-s0", rundir.RESUME_UNFINISHED, True),
+                     ("fedreb-s0", rundir.REDO_UNFINISHED, False),
+                     ("fedavg-s0", rundir.REDO_UNFINISHED, False),
+                     ("fedreb-s0", rundir.REDO_UNFINISHED, False)]
 
 
 def test_cli_refuses_a_bad_jobs_count_in_one_line(capsys):

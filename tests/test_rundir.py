@@ -172,6 +172,40 @@ def test_a_grid_reruns_an_unfinished_run_clean_and_keeps_a_completed_one(tmp_pat
     assert files(done) == before
 
 
+def test_a_grid_continues_an_unfinished_run_of_its_own_settings_only(tmp_path):
+    """`fedapps reproduce` continues an interrupted cell (RESUME_UNFINISHED keeps its run id,
+    checkpoint and clients' state) when resume_point finds the same experiment with only
+    RESUMABLE keys changed and rounds left; anything else is started again clean."""
+    from fedapps.cli import resume_point
+
+    half = fake_run(tmp_path / "g" / "half", status="running", rounds=2)
+    here = [f"output.output-dir={half.parent}", f"output.run-name={half.name}"]
+    assert resume_point(half, "quickstart", ["rounds=4", *here]) == 2
+    assert resume_point(half, "quickstart", ["rounds=4", "wandb.enabled=true", *here]) == 2
+    # another setting, experiment or too few rounds: start again
+    assert resume_point(half, "quickstart", ["rounds=4", "train.lr=0.5", *here]) is None
+    assert resume_point(half, "fedreb-quick", ["rounds=4", *here]) is None
+    assert resume_point(half, "quickstart", ["rounds=2", *here]) is None
+    # a grid folder moved elsewhere still continues (the run's place is where it is now)
+    moved = tmp_path / "elsewhere" / "half"
+    moved.parent.mkdir()
+    half.rename(moved)
+    there = [f"output.output-dir={moved.parent}", f"output.run-name={moved.name}"]
+    assert resume_point(moved, "quickstart", ["rounds=4", *there]) == 2
+    with rundir.claim(moved, rundir.RESUME_UNFINISHED) as run_id:
+        assert run_id == "oldrun" and (moved / "checkpoint.npz").is_file()
+    # nothing to continue: completed, no checkpoint, a damaged checkpoint, no run id
+    done = fake_run(tmp_path / "done")
+    assert resume_point(done, "quickstart", ["rounds=4"]) is None
+    with pytest.raises(rundir.RunCompleted), rundir.claim(done, rundir.RESUME_UNFINISHED):
+        pass
+    (moved / "checkpoint.npz").write_bytes(b"PK\x03\x04 cut short")
+    assert resume_point(moved, "quickstart", ["rounds=4", *there]) is None
+    (moved / "checkpoint.npz").unlink()
+    assert resume_point(moved, "quickstart", ["rounds=4", *there]) is None
+    assert resume_point(tmp_path / "nothing", "quickstart", ["rounds=4"]) is None
+
+
 def test_a_grid_skips_a_run_another_process_holds(tmp_path):
     from simulations.reproduce import Grid, run_grid
 
