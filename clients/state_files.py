@@ -6,8 +6,8 @@ but while round R+1 was training leaves some clients with state written in R+1, 
 server never aggregated. The resume redoes R+1, and every instruction after the resume names
 R (strategies/plan.py RESUMED_ROUND, RESUMED_STEP): a generation written after that point is
 ignored and the one before it is read, so the redone round starts from the state it started
-from the first time (tests/test_state_files.py; tests/test_reproduce.py for a real
-interrupted grid).
+from the first time (tests/test_state_files.py; tests/test_reproduce.py on a real grid
+run).
 Files written before the clock existed count as written at (0, 0).
 """
 

@@ -6,10 +6,11 @@ bundles of settings (`variants: {name: [KEY=VALUE, ...]}`), for a figure whose l
 several keys at once (FedAvg with raised E and rounds beside phase-shift); `exclude` drops cells
 by label (combinations the paper does not run). Runs land in
 `<output-dir>/<grid>/<cell>-s<seed>/`; a finished run (results.json with status completed) is
-never redone, so an interrupted grid resumes where it stopped. A run the runner finds
-unfinished starts again from scratch with a new run id (fedapps/rundir.py REDO_UNFINISHED:
-its results, checkpoint and client state are removed first); a run another process holds is
-skipped. The table and plots are rebuilt from whatever runs exist.
+never redone, so an interrupted grid resumes where it stopped. What the runner does with a run
+it finds unfinished is the runner's (simulations/cli.py: continue it from its checkpoint when
+its settings allow, fedapps/rundir.py RESUME_UNFINISHED, else start it again from scratch with
+a new run id, REDO_UNFINISHED); a run another process holds is skipped. The table and plots
+are rebuilt from whatever runs exist.
 """
 
 from __future__ import annotations
