@@ -39,20 +39,24 @@ def _paths(folder: Path, name: str) -> tuple[Path, Path]:
     return folder / f"{name}.npz", folder / f"{name}.prev.npz"
 
 
+def _clock(z: np.lib.npyio.NpzFile) -> Clock:
+    return (int(z[CLOCK][0]), int(z[CLOCK][1])) if CLOCK in z.files else (0, 0)
+
+
 def _read(path: Path) -> tuple[Clock, list[np.ndarray]] | None:
     if not path.is_file():
         return None
     with np.load(path, allow_pickle=False) as z:
-        written = (int(z[CLOCK][0]), int(z[CLOCK][1])) if CLOCK in z.files else (0, 0)
         arrays = [z[f"arr_{i}"] for i in range(len(z.files) - (CLOCK in z.files))]
-    return written, arrays
+        return _clock(z), arrays
 
 
-def _written_at(path: Path) -> Clock | None:
+def written_at(path: Path) -> Clock | None:
+    """The (round, step) that wrote a state file; None when there is no file."""
     if not path.is_file():
         return None
     with np.load(path, allow_pickle=False) as z:  # reads the clock member only
-        return (int(z[CLOCK][0]), int(z[CLOCK][1])) if CLOCK in z.files else (0, 0)
+        return _clock(z)
 
 
 def save(folder: Path, name: str, arrays: list[np.ndarray], clock: Clock,
@@ -62,7 +66,7 @@ def save(folder: Path, name: str, arrays: list[np.ndarray], clock: Clock,
     replaced, so the previous generation stays the last valid state."""
     folder.mkdir(parents=True, exist_ok=True)
     current, previous = _paths(folder, name)
-    written = _written_at(current)
+    written = written_at(current)
     if written is not None and written < clock and still_valid(written, resumed_after):
         current.replace(previous)
     tmp = folder / f".{name}.{os.getpid()}.tmp.npz"

@@ -402,7 +402,7 @@ def test_an_interrupted_grid_continues_its_run_from_the_checkpoint(tmp_path, fed
     status set to what a killed run leaves. The grid again continues the run with its run id
     after round 2 and ends with the uninterrupted run's numbers: the redone round 3 reads the
     clients' state from before it, not round 3's."""
-    from clients.state_files import _written_at
+    from clients.state_files import written_at
 
     run = tmp_path / "quick" / "fedavg-s0"
     reproduce_cli(tmp_path, "--cells", "fedavg", "--set", "rounds=2")
@@ -410,7 +410,7 @@ def test_an_interrupted_grid_continues_its_run_from_the_checkpoint(tmp_path, fed
     proc = subprocess.run([sys.executable, "-m", "fedapps.cli", "resume", str(run), "--set",
                            "rounds=3"], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    written = [_written_at(f) for f in (tmp_path / "quick" / ".client-state").rglob("*.npz")]
+    written = [written_at(f) for f in (tmp_path / "quick" / ".client-state").rglob("*.npz")]
     assert (3, 0) in written  # state the lost round 3 wrote
     (run / "checkpoint.npz").write_bytes(after_2)
     doc = json.loads((run / "results.json").read_text())
