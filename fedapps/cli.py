@@ -109,6 +109,13 @@ def _resolve(experiment: str, overrides: list[str]):
     return resolve_config(experiment, overrides)
 
 
+def _resuming_here(run: Path) -> list[str]:
+    """The overrides that resume the run in `run` where it is now (its folder may have moved
+    since it started)."""
+    return [f"output.output-dir={run.parent}", f"output.run-name={run.name}",
+            "output.resume=true"]
+
+
 def _resume(args: argparse.Namespace) -> int:
     """Continue a run from its checkpoint, with its run id (so its clients find their state).
     Everything is checked before anything is written: only RESUMABLE keys may change, and the
@@ -130,8 +137,7 @@ def _resume(args: argparse.Namespace) -> int:
     if saved is None:
         raise ConfigError(f"{run}: no checkpoint.npz (the run stopped before its first round)")
     args.experiment = invocation["experiment"]
-    base = [*shlex.split(invocation["overrides"]), f"output.output-dir={run.parent}",
-            f"output.run-name={run.name}", "output.resume=true"]
+    base = [*shlex.split(invocation["overrides"]), *_resuming_here(run)]
     cfg = _resolve(args.experiment, [*base, *args.overrides])
     rundir.check_resume_changes(to_container(_resolve(args.experiment, base)),
                                 to_container(cfg))
@@ -161,11 +167,9 @@ def resume_point(run: Path, experiment: str, overrides: Sequence[str]) -> int | 
         saved = load(run)
         if saved is None or invocation.get("command") or invocation["experiment"] != experiment:
             return None
-        # where the run is now, as `fedapps resume` does (a grid's folder may have moved)
-        resume = ["output.resume=true", f"output.output-dir={run.parent}",
-                  f"output.run-name={run.name}"]
-        before = _resolve(experiment, [*shlex.split(invocation["overrides"]), *resume])
-        after = _resolve(experiment, [*overrides, *resume])
+        here = _resuming_here(run)
+        before = _resolve(experiment, [*shlex.split(invocation["overrides"]), *here])
+        after = _resolve(experiment, [*overrides, *here])
         rundir.check_resume_changes(to_container(before), to_container(after))
     except (OSError, KeyError, TypeError, ValueError, ConfigError):  # JSONDecodeError: a ValueError
         return None
