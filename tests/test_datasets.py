@@ -17,6 +17,30 @@ def test_embedded_digits_pool():
     assert int(pool.x.max()) == 255 and pool.num_classes == 10
 
 
+def test_embedded_data_equal_scikit_learns_loaders_without_importing_it():
+    """The digits and diabetes pools are read from scikit-learn's bundled files directly (its
+    import costs seconds per process); the arrays must be exactly its loaders'."""
+    import subprocess
+    import sys
+
+    from sklearn.datasets import load_diabetes, load_digits
+
+    pool = load_pool("digits", None)
+    digits = load_digits()
+    expected = np.round(digits.images * (255.0 / 16.0)).astype(np.uint8)[:, None]
+    assert np.array_equal(pool.x.numpy(), expected) and pool.num_train == 1500
+    assert np.array_equal(pool.y.numpy(), digits.target) and pool.y.dtype == torch.int64
+    diabetes = load_pool("diabetes", None)
+    bunch = load_diabetes(scaled=False)
+    assert np.array_equal(diabetes.x.numpy(), bunch.data.astype(np.float32))
+    assert np.array_equal(diabetes.y.numpy(), bunch.target.astype(np.float32))
+    probe = ("import sys; from pathlib import Path; from fedapps.data.datasets import load_pool;"
+             " load_pool('digits', None); load_pool('diabetes', None);"
+             " print('sklearn' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
 def test_federated_data_is_cached_and_consistent():
     cfg = load_config("quickstart")
     a = federated_data(cfg)

@@ -7,6 +7,7 @@ import sys
 
 import numpy as np
 import pytest
+from background import Runs
 
 from fedapps import checkpoint
 
@@ -38,9 +39,15 @@ def test_checkpoint_roundtrip(tmp_path):
 @pytest.mark.parametrize("algorithm", ["feddyn"])  # server state h must survive too
 def test_resumed_run_equals_uninterrupted_run(tmp_path, algorithm):
     base = ["--set", f"algorithm={algorithm}", "--set", f"output.output-dir={tmp_path}"]
-    cli("run", "quickstart", *base, "--set", "rounds=4", "--set", "output.run-name=full")
-    cli("run", "quickstart", *base, "--set", "rounds=2", "--set", "output.run-name=part")
-    proc = cli("resume", str(tmp_path / "part"), "--set", "rounds=4")
+    # the uninterrupted reference runs beside the stopped and resumed run (tests/background.py)
+    uninterrupted = Runs(lambda _: cli("run", "quickstart", *base, "--set", "rounds=4", "--set",
+                                       "output.run-name=full"), ["full"], workers=1)
+    try:
+        cli("run", "quickstart", *base, "--set", "rounds=2", "--set", "output.run-name=part")
+        proc = cli("resume", str(tmp_path / "part"), "--set", "rounds=4")
+        uninterrupted["full"]
+    finally:
+        uninterrupted.close()
     assert "round 3/4" in proc.stdout and "round 1/" not in proc.stdout
     full = json.loads((tmp_path / "full" / "results.json").read_text())
     part = json.loads((tmp_path / "part" / "results.json").read_text())

@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+from background import Runs, selected_keys
 
 pytestmark = pytest.mark.integration
 
@@ -24,14 +25,52 @@ def run(tmp_path, experiment, name, *sets):
     return proc, json.loads((tmp_path / name / "results.json").read_text())
 
 
-def run_cli(tmp_path, name):
-    return run(tmp_path, "quickstart", name, "rounds=3")
+BASELINES = [
+    ("feddyn", []), ("ditto", ["algo.personal-epochs=1"]),
+    ("fedper", ["algo.shared-prefix=base."]), ("fedrep", ["algo.head-epochs=1"]),
+    ("fedbabu", ["algo.finetune-epochs=2"]), ("fedrod", []), ("gpfl", []),
+    # FedProx with seed 002's automatic mu (its fixed-mu path differs only in the value of mu;
+    # FedNova's runs are in tests/test_fednova.py)
+    ("fedprox", ["algo.mu-mode=auto"]),
+]
+# every run of this module: (experiment, --set ...); independent, so they run two at a time
+RUNS = {
+    "a": ("quickstart", "rounds=3"),
+    "b": ("quickstart", "rounds=3"),  # the same seed again
+    "reb": ("fedreb-quick", "rounds=3"),
+    "fedrolex": ("quickstart", "rounds=2", "algorithm=fedrolex", "data.partitioner=shards",
+                 "data.pool=official"),
+    # uncapped split (the preset caps since issue 16): on the capped one GPFL's G is still at
+    # chance after 2 rounds (10.6 %), which says nothing about whether it runs
+    **{algorithm: ("fedreb-quick", "rounds=2", f"algorithm={algorithm}",
+                   "data.dirichlet-balance=none", *extra) for algorithm, extra in BASELINES},
+}
+NEEDS = {"test_simulation_writes_the_results_contract": ["a"],
+         "test_same_seed_gives_the_same_numbers": ["a", "b"],
+         "test_numbers_are_those_of_the_code_before_the_round_plan_core": ["a"],
+         "test_fedreb_simulation_keeps_personal_heads_across_rounds": ["reb"],
+         "test_fedrolex_runs_with_official_test_accuracy": ["fedrolex"]}
+
+
+def needs(item: pytest.Item) -> list[str]:
+    if item.originalname == "test_baseline_runs_two_rounds_in_a_real_simulation":
+        return [item.callspec.params["algorithm"]]
+    return NEEDS.get(item.originalname, [])
 
 
 @pytest.fixture(scope="module")
-def first_run(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("sim")
-    return tmp, *run_cli(tmp, "a")
+def sims(request, tmp_path_factory):
+    """Each run's (output root, process, results.json), started as the module starts."""
+    root = tmp_path_factory.mktemp("sim")
+    runs = Runs(lambda key: (root, *run(root, RUNS[key][0], key, *RUNS[key][1:])),
+                selected_keys(request, needs))
+    yield runs
+    runs.close()
+
+
+@pytest.fixture
+def first_run(sims):
+    return sims["a"]
 
 
 def test_simulation_writes_the_results_contract(first_run):
@@ -67,9 +106,10 @@ def test_simulation_writes_the_results_contract(first_run):
     assert env["gpus"] == torch.cuda.device_count() and env["torch"] == torch.__version__
 
 
-def test_same_seed_gives_the_same_numbers(first_run, tmp_path):
-    _, _, doc_a = first_run
-    _, doc_b = run_cli(tmp_path, "b")
+def test_same_seed_gives_the_same_numbers(sims):
+    """Two runs of one seed, side by side: neither disturbs the other's numbers."""
+    _, _, doc_a = sims["a"]
+    _, _, doc_b = sims["b"]
     for ra, rb in zip(doc_a["rounds"], doc_b["rounds"], strict=True):
         assert ra["global_accuracy"] == rb["global_accuracy"]
         assert ra["fit_clients"] == rb["fit_clients"]
@@ -88,8 +128,8 @@ def test_numbers_are_those_of_the_code_before_the_round_plan_core(first_run):
         [1.9635058485943337, 1.2969726769820504, 0.7309539079666137], abs=1e-6), env
 
 
-def test_fedreb_simulation_keeps_personal_heads_across_rounds(tmp_path):
-    _, doc = run(tmp_path, "fedreb-quick", "reb", "rounds=3")
+def test_fedreb_simulation_keeps_personal_heads_across_rounds(sims):
+    _, _, doc = sims["reb"]
     last = doc["rounds"][-1]
     # alpha 0.1: personal heads (H1 + H2) fit each client's few classes far better than the
     # global model; without H2 kept in the node state P would equal G
@@ -99,27 +139,16 @@ def test_fedreb_simulation_keeps_personal_heads_across_rounds(tmp_path):
     assert last["global_accuracy"] > 0.2
 
 
-@pytest.mark.parametrize("algorithm, extra", [
-    ("feddyn", []), ("ditto", ["algo.personal-epochs=1"]),
-    ("fedper", ["algo.shared-prefix=base."]), ("fedrep", ["algo.head-epochs=1"]),
-    ("fedbabu", ["algo.finetune-epochs=2"]), ("fedrod", []), ("gpfl", []),
-    # FedProx with seed 002's automatic mu (its fixed-mu path differs only in the value of mu;
-    # FedNova's runs are in tests/test_fednova.py)
-    ("fedprox", ["algo.mu-mode=auto"]),
-])
-def test_baseline_runs_two_rounds_in_a_real_simulation(tmp_path, algorithm, extra):
-    # uncapped split (the preset caps since issue 16): on the capped one GPFL's G is still at
-    # chance after 2 rounds (10.6 %), which says nothing about whether it runs
-    _, doc = run(tmp_path, "fedreb-quick", "r", "rounds=2", f"algorithm={algorithm}",
-                 "data.dirichlet-balance=none", *extra)
+@pytest.mark.parametrize("algorithm", [algorithm for algorithm, _ in BASELINES])
+def test_baseline_runs_two_rounds_in_a_real_simulation(sims, algorithm):
+    _, _, doc = sims[algorithm]
     assert [r["round"] for r in doc["rounds"]] == [1, 2]
     assert all(r["failures"] == 0 and r["bytes_up"] > 0 for r in doc["rounds"])
     assert doc["summary"]["final_global_accuracy"] > 0.15  # above chance (0.1)
 
 
-def test_fedrolex_runs_with_official_test_accuracy(tmp_path):
-    _, doc = run(tmp_path, "quickstart", "r", "rounds=2", "algorithm=fedrolex",
-                 "data.partitioner=shards", "data.pool=official")
+def test_fedrolex_runs_with_official_test_accuracy(sims):
+    _, _, doc = sims["fedrolex"]
     for r in doc["rounds"]:
         assert 0.0 <= r["official_test_accuracy"] <= 1.0 and r["failures"] == 0
         betas = {m["beta"] for m in r["client_fit_metrics"].values()}

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import importlib.util
 import mmap
 import os
 import shutil
@@ -240,11 +241,8 @@ def _diabetes(root: Path, download: bool) -> Pool:
     """scikit-learn's bundled diabetes data (Efron et al. 2004): 442 patients, 10 baseline
     features, disease progression after one year as the target. Embedded (no download): the
     offline regression source that exercises the regression task end to end."""
-    from sklearn.datasets import load_diabetes
-
-    bunch = load_diabetes(scaled=False)
-    x = torch.from_numpy(bunch.data.astype(np.float32))
-    y = torch.from_numpy(bunch.target.astype(np.float32))
+    x = torch.from_numpy(_bundled_csv("diabetes_data_raw.csv.gz").astype(np.float32))
+    y = torch.from_numpy(_bundled_csv("diabetes_target.csv.gz").astype(np.float32))
     return Pool(x, y, DIABETES_NUM_TRAIN, None, task="regression", normalization="feature")
 
 
@@ -412,12 +410,24 @@ def check_available(name: str, root: Path, download: bool) -> None:
     )
 
 
-def _digits() -> tuple[np.ndarray, np.ndarray]:
-    from sklearn.datasets import load_digits
+def _bundled_csv(file_name: str, delimiter: str | None = None) -> np.ndarray:
+    """One of scikit-learn's bundled data files, read as its loaders read it but without
+    importing scikit-learn: that import (scipy.stats and more) took 2-4 s in every process of
+    a run (ServerApp and each Ray actor), longer than a quick run's training."""
+    spec = importlib.util.find_spec("sklearn")  # locates the package without running it
+    if spec is None or not spec.submodule_search_locations:
+        raise ConfigError("the embedded datasets ship with scikit-learn: pip install scikit-learn")
+    path = Path(spec.submodule_search_locations[0]) / "datasets" / "data" / file_name
+    with gzip.open(path, "rt", encoding="utf-8") as text:
+        return np.loadtxt(text, delimiter=delimiter)
 
-    bunch = load_digits()
-    x = np.round(bunch.images * (255.0 / 16.0)).astype(np.uint8)[:, None, :, :]
-    return x, bunch.target.astype(np.int64)
+
+def _digits() -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's digits (the same arrays as `load_digits()`), 0-16 scaled to 0-255."""
+    data = _bundled_csv("digits.csv.gz", delimiter=",")
+    images = data[:, :-1].reshape(-1, 8, 8)
+    x = np.round(images * (255.0 / 16.0)).astype(np.uint8)[:, None, :, :]
+    return x, data[:, -1].astype(np.int64)
 
 
 def _idx_arrays(name: str, root: Path) -> tuple[np.ndarray, np.ndarray] | None:
