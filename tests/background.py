@@ -44,8 +44,30 @@ class Runs:
         self._pool.shutdown(wait=True, cancel_futures=True)
 
 
-def selected_keys(request: pytest.FixtureRequest,
-                  needs: Callable[[pytest.Item], list[str]]) -> list[str]:
-    """The runs the module's selected tests need, in test order (`-k` starts no others)."""
+Needs = Callable[[pytest.Item], list[str]] | dict[str, list[str]]
+
+
+def selected_keys(request: pytest.FixtureRequest, needs: Needs) -> list[str]:
+    """The runs the module's selected tests need, in test order (`-k` starts no others).
+    `needs`: test function name -> run keys, or a function of the test item."""
+    if isinstance(needs, dict):
+        table = needs
+        needs = lambda item: table.get(item.originalname, [])  # noqa: E731
     items = [i for i in request.session.items if i.module is request.module]
     return list(dict.fromkeys(key for item in items for key in needs(item)))
+
+
+def simulations(runs: dict[str, tuple[str, ...]], needs: Needs,
+                run: Callable[..., tuple[Any, Any]]) -> Callable:
+    """A module-scoped fixture: `sims[key]` is (output root, process, results.json) of
+    `run(root, experiment, key, *sets)` for runs[key] = (experiment, *sets)."""
+
+    @pytest.fixture(scope="module")
+    def sims(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+        root = tmp_path_factory.mktemp("sim")
+        started = Runs(lambda key: (root, *run(root, runs[key][0], key, *runs[key][1:])),
+                       selected_keys(request, needs))
+        yield started
+        started.close()
+
+    return sims

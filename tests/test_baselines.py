@@ -274,8 +274,9 @@ def test_fedbabu_personal_output_is_a_fine_tuned_copy_computed_by_hand(part):
 def test_fedbabu_p_does_not_collapse_while_g_rises():
     """Issue 16 (6b): head-only fine-tuning with the FL learning rate diverged once the
     frozen-head base grew its features, so P fell while G rose (quickstart: P 58 -> 32 %).
-    Two FedAvg rounds of the base on 3 digits clients: fine-tuning the whole copy keeps P
-    above G; the head-only option (kept as an option, documented) stays near chance."""
+    Two FedAvg rounds of the base on 3 digits clients, 3 fine-tuning epochs (10 by default;
+    3 show the same and take a third of the time): fine-tuning the whole copy keeps P above G;
+    the head-only option (kept as an option, documented) falls towards chance."""
     from fedapps.config import load_config
     from fedapps.data import federated_data
     from fedapps.runtime import make_model, train_settings
@@ -290,7 +291,8 @@ def test_fedbabu_p_does_not_collapse_while_g_rises():
         torch.manual_seed(0)
         g = get_arrays(make_model(cfg))
         clients = [FedBabuClient(make_model(cfg), fd.client(pid), train_settings(cfg), pid,
-                                 algo=FedBabuSettings(finetune_part=part)) for pid in range(3)]
+                                 algo=FedBabuSettings(finetune_part=part, finetune_epochs=3))
+                   for pid in range(3)]
         curve = []
         for rnd in (1, 2):
             ups = [c.fit(g, {"server-round": rnd}) for c in clients]
@@ -301,8 +303,10 @@ def test_fedbabu_p_does_not_collapse_while_g_rises():
             curve.append((sum(s[2]["correct-global"] for s in sums) / n,
                           sum(s[2]["correct-personal"] for s in sums) / n))
         results[part] = curve
-    assert all(p > g for g, p in results["full"])  # measured: P 0.98 0.98, G 0.44 0.72
-    assert all(p < 0.5 for _, p in results["head"])  # measured: P 0.24 0.25
+    assert all(p > g for g, p in results["full"])  # measured: P 0.91 0.93, G 0.44 0.68
+    assert all(p < 0.5 for _, p in results["head"])  # measured: P 0.34 0.25
+    (g1, p1), (g2, p2) = results["head"]
+    assert p2 < p1 and g2 > g1  # P falls while G rises
 
 
 # ---- FedRoD -----------------------------------------------------------------------------------

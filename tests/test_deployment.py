@@ -117,7 +117,7 @@ def test_bad_updates_and_crashes_are_counted_not_aggregated(tmp_path):
     a node outside the federation and one duplicating node 0 (issue 19)."""
     n = 8
     sets = ["rounds=2", f"federation.num-clients={n}", "federation.fraction-fit=1.0",
-            "federation.min-fit-fraction=0.1", "federation.round-timeout=30",
+            "federation.min-fit-fraction=0.1", "federation.round-timeout=20",
             "federation.max-update-norm=100"]
     faults = {1: "nan+eval-inflate", 2: "raise+eval-negative", 3: "shape", 4: "hang",
               5: "forge-id", 6: "inflate", 7: "scale"}

@@ -2,6 +2,7 @@
 few clients, one local epoch, two rounds of two periods each."""
 
 import pytest
+from background import simulations
 
 from tests.test_simulation import run
 
@@ -9,10 +10,15 @@ pytestmark = pytest.mark.integration
 
 SMALL = ("rounds=2", "federation.num-clients=4", "federation.clients-per-round=3",
          "train.local-epochs=1")
+RUNS = {"fedstar": ("quickstart", *SMALL, "algorithm=fedstar"),
+        "ringfed": ("quickstart", *SMALL, "algorithm=ringfed")}
+sims = simulations(RUNS, {
+    "test_fed_star_simulation_scores_peers_and_records_one_entry_per_round": ["fedstar"],
+    "test_ring_fed_simulation_runs_p_steps_per_round": ["ringfed"]}, run)
 
 
-def test_fed_star_simulation_scores_peers_and_records_one_entry_per_round(tmp_path):
-    proc, doc = run(tmp_path, "quickstart", "r", *SMALL, "algorithm=fedstar")
+def test_fed_star_simulation_scores_peers_and_records_one_entry_per_round(sims):
+    _, proc, doc = sims["fedstar"]
     assert [r["round"] for r in doc["rounds"]] == [1, 2]
     for r in doc["rounds"]:
         assert r["steps"] == 4 and len(r["fit_clients"]) == 3 and r["failures"] == 0
@@ -23,8 +29,8 @@ def test_fed_star_simulation_scores_peers_and_records_one_entry_per_round(tmp_pa
     assert doc["summary"]["final_global_accuracy"] > 0.15  # chance is 0.1
 
 
-def test_ring_fed_simulation_runs_p_steps_per_round(tmp_path):
-    proc, doc = run(tmp_path, "quickstart", "r", *SMALL, "algorithm=ringfed")
+def test_ring_fed_simulation_runs_p_steps_per_round(sims):
+    _, proc, doc = sims["ringfed"]
     assert [r["round"] for r in doc["rounds"]] == [1, 2]
     for r in doc["rounds"]:
         assert r["steps"] == 2 and len(r["fit_clients"]) == 3 and r["failures"] == 0

@@ -9,6 +9,7 @@ import threading
 import time
 
 import pytest
+from background import Runs, selected_keys
 
 from simulations.reproduce import (
     Grid,
@@ -375,13 +376,29 @@ def per_round(root):
     return [(r["global_accuracy"], r["personal_accuracy"]) for r in doc["rounds"]]
 
 
-@pytest.fixture(scope="module")
-def fedavg_alone(tmp_path_factory):
-    """The quick grid's FedAvg cell run alone, uninterrupted: the reference of the tests
-    below."""
+REFERENCE = {"test_two_real_simulations_at_once_match_a_run_alone": ["alone"],
+             "test_an_interrupted_grid_continues_its_run_from_the_checkpoint": ["alone"]}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def reference_run(request, tmp_path_factory):
+    """The quick grid's FedAvg cell run alone, uninterrupted: the reference of the real-run
+    tests below, started as the module starts (tests/background.py) while its in-process
+    tests go on."""
     out = tmp_path_factory.mktemp("alone")
-    reproduce_cli(out, "--cells", "fedavg")
-    return out
+
+    def alone(_):
+        reproduce_cli(out, "--cells", "fedavg")
+        return out
+
+    runs = Runs(alone, selected_keys(request, REFERENCE), workers=1)
+    yield runs
+    runs.close()
+
+
+@pytest.fixture
+def fedavg_alone(reference_run):
+    return reference_run["alone"]
 
 
 @pytest.mark.integration

@@ -5,7 +5,7 @@ import subprocess
 import sys
 
 import pytest
-from background import Runs, selected_keys
+from background import simulations
 
 pytestmark = pytest.mark.integration
 
@@ -58,14 +58,7 @@ def needs(item: pytest.Item) -> list[str]:
     return NEEDS.get(item.originalname, [])
 
 
-@pytest.fixture(scope="module")
-def sims(request, tmp_path_factory):
-    """Each run's (output root, process, results.json), started as the module starts."""
-    root = tmp_path_factory.mktemp("sim")
-    runs = Runs(lambda key: (root, *run(root, RUNS[key][0], key, *RUNS[key][1:])),
-                selected_keys(request, needs))
-    yield runs
-    runs.close()
+sims = simulations(RUNS, needs, run)
 
 
 @pytest.fixture
