@@ -11,6 +11,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from background import Runs
 
 from fedapps.launcher import free_port, run_experiment
 
@@ -37,13 +38,12 @@ def processes():
 
 
 def test_simulation_on_a_two_node_ray_cluster_gives_the_single_machine_numbers(tmp_path):
-    """The reference is measured here, on this machine (its own Ray): the digits differ
-    between CPU kinds and torch versions (docs/ARCHITECTURE.md), so no pinned numbers."""
+    """The reference is measured here, on this machine (its own Ray, started beside the
+    cluster: tests/background.py): the digits differ between CPU kinds and torch versions
+    (docs/ARCHITECTURE.md), so no pinned numbers."""
     single = tmp_path / "single"
-    assert run_experiment("quickstart", SETS, 3, single, show=lambda line: False) == \
-        "finished:completed"
-    single_machine = g_and_loss(single)
-    assert len(single_machine) == 2 and single_machine[1][0] > 0.5  # it learned: chance is 0.1
+    reference = Runs(lambda _: run_experiment("quickstart", SETS, 3, single,
+                                              show=lambda line: False), ["single"], workers=1)
     port = free_port()
     # Ray's own temp dir, short (Unix socket paths) and private: `ray start` records the
     # cluster there, so no other Ray user on this machine ever connects to it by accident
@@ -74,10 +74,14 @@ def test_simulation_on_a_two_node_ray_cluster_gives_the_single_machine_numbers(t
                                 ray_address=f"127.0.0.1:{port}")
         stop.set()
         assert status == "finished:completed"
+        assert reference["single"] == "finished:completed"
+        single_machine = g_and_loss(single)
+        assert len(single_machine) == 2 and single_machine[1][0] > 0.5  # chance is 0.1
         assert g_and_loss(out) == pytest.approx(single_machine, abs=1e-9)
         assert len(raylets) == 2  # clients ran on both nodes
     finally:
         stop.set()
+        reference.close()
         # stop this cluster's processes only (never `ray stop`: it stops every Ray here)
         mine = [pid for pid, (_, cmd) in processes().items()
                 if temp.encode() in cmd and pid != os.getpid()]
