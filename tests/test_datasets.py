@@ -41,6 +41,17 @@ def test_embedded_data_equal_scikit_learns_loaders_without_importing_it():
     assert out.stdout.strip() == "False"
 
 
+def test_embedded_data_without_scikit_learn_is_a_one_line_error(monkeypatch):
+    import importlib.util
+
+    from fedapps.data import datasets
+    from fedapps.errors import ConfigError
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ConfigError, match="ship with scikit-learn: pip install scikit-learn"):
+        datasets._digits()
+
+
 def test_federated_data_is_cached_and_consistent():
     cfg = load_config("quickstart")
     a = federated_data(cfg)
