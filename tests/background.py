@@ -50,11 +50,11 @@ Needs = Callable[[pytest.Item], list[str]] | dict[str, list[str]]
 def selected_keys(request: pytest.FixtureRequest, needs: Needs) -> list[str]:
     """The runs the module's selected tests need, in test order (`-k` starts no others).
     `needs`: test function name -> run keys, or a function of the test item."""
-    if isinstance(needs, dict):
-        table = needs
-        needs = lambda item: table.get(item.originalname, [])  # noqa: E731
+    def keys_of(item: pytest.Item) -> list[str]:
+        return needs.get(item.originalname, []) if isinstance(needs, dict) else needs(item)
+
     items = [i for i in request.session.items if i.module is request.module]
-    return list(dict.fromkeys(key for item in items for key in needs(item)))
+    return list(dict.fromkeys(key for item in items for key in keys_of(item)))
 
 
 def simulations(runs: dict[str, tuple[str, ...]], needs: Needs,
