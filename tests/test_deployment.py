@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+from background import Runs
 
 from fedapps.deploy import run_federation
 from fedapps.launcher import run_experiment
@@ -72,12 +73,19 @@ def test_deployment_gives_the_simulation_numbers(tmp_path, monkeypatch):
     sets = ["rounds=2", "federation.num-clients=3", "federation.fraction-fit=1.0"]
     sim, dep = tmp_path / "sim", tmp_path / "dep"
     seen = {}
-    assert run_experiment(experiment, sets, 3, sim, show=QUIET) == "finished:completed"
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))  # the working folder's
+    # the working folders of both runs go here (each run removes its own: checked below)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     (tmp_path / "tmp").mkdir()
-    assert run_federation(experiment, sets, 3, dep, state_root=tmp_path / "state",
-                          show=QUIET, during=both(watch_clientapps(seen), lock_link_state()),
-                          pull_interval=0.5) == "finished:completed"  # the lock cannot stop it
+    # the simulation runs beside the deployment (tests/background.py): the two only overlap
+    simulation = Runs(lambda _: run_experiment(experiment, sets, 3, sim, show=QUIET), ["sim"],
+                      workers=1)
+    try:
+        assert run_federation(experiment, sets, 3, dep, state_root=tmp_path / "state",
+                              show=QUIET, during=both(watch_clientapps(seen), lock_link_state()),
+                              pull_interval=0.5) == "finished:completed"  # the lock cannot stop it
+        assert simulation["sim"] == "finished:completed"
+    finally:
+        simulation.close()
     assert all("fedapps.quick_supernode --pull-interval 0.5" in cmd
                for cmd in seen.pop("supernodes"))
     # every message of a node ran in its one long-running ClientApp process (3 nodes x 5
