@@ -2,6 +2,7 @@
 Table 6.1), checked on the resolved configs; no run is started."""
 
 import pytest
+import torch
 
 from fedapps.config import load_config
 from simulations.reproduce import load_grid
@@ -44,6 +45,47 @@ def test_fig_6_1_gives_every_method_the_same_epochs_and_transfers(name):
     fedaug = ["data.transforms=[fedaug]", "data.fedaug.target-emd=0.8"]
     assert grid.variants["2p"] == [o for o in grid.variants["2p-fedaug-0.8"] if o not in fedaug]
     assert settings(grid, "2p").data.transforms == []
+
+
+def fltk_fednova_sends(old, grads, lr, momentum, tau_eff):
+    """FLTK's FedNova (the thesis's testbed; fltk/strategy/FedNova.py, JMGaljaard/fltk-testbed
+    ca89875), its arithmetic on one tensor: `step` as SGD with momentum accumulating
+    cum_grad and the momentum-weighted step count a_i, then `pre_communicate` as written,
+    `p -= cum_grad` ("get back to old_init") and `p += cum_grad * tau_eff / a_i`."""
+    p, buf, cum, counter, a = old.clone(), None, torch.zeros_like(old), 0.0, 0.0
+    for g in grads:
+        buf = g.clone() if buf is None else buf * momentum + g
+        cum += lr * buf
+        p -= lr * buf
+        counter = counter * momentum + 1
+        a += counter
+    return p - cum + cum * (tau_eff / a), cum, a
+
+
+@pytest.mark.parametrize("name", ["thesis-fig6.1-mnist", "thesis-fig6.1-fmnist",
+                                  "thesis-fig6.1-cifar10"])
+def test_fig_6_1_fednova_fltk_cell_is_fedavg_with_fltks_step_scale(name):
+    """The fednova-fltk cell: FedAvg whose aggregate step is scaled by what FLTK's FedNova
+    multiplies each client's update by, 2 - tau_eff / a_i (its sign slip)."""
+    grid = load_grid(name)
+    assert grid.variants["fednova-fltk"] == ["algorithm=fedavg", "server.optimizer=sgd",
+                                             "server.lr=1.995", *grid.variants["fedavg"][1:]]
+    cfg, fedavg = settings(grid, "fednova-fltk"), settings(grid, "fedavg")
+    assert (cfg.algorithm, cfg.server.optimizer, cfg.rounds) == ("fedavg", "sgd", fedavg.rounds)
+    # the closed form on a short run of steps: the client sends old - (2 - s) x its update
+    torch.manual_seed(0)
+    old, grads = torch.randn(5), torch.randn(7, 5)
+    sent, cum, a = fltk_fednova_sends(old, grads, 0.001, 0.9, tau_eff=0.3)
+    assert a == pytest.approx(sum(10 * (1 - 0.9 ** k) for k in range(1, 8)))
+    assert torch.allclose(sent, old - (2 - 0.3 / a) * cum, atol=1e-7)
+    # the preset's clients: K equal shares n of N, E epochs of ceil(n / B) steps, momentum
+    # 0.9; tau_eff = int(E n / 16) x n / N (FLTK hard-codes B = 16), a_i = sum of its counter
+    e, b, k = cfg.train["local-epochs"], cfg.train["batch-size"], cfg.federation["num-clients"]
+    for n in (2838, 3000, 3150):  # the spread of seed 0's MNIST clients around 60,000 / 20
+        steps = e * -(-n // b)
+        a = sum(1 - 0.9 ** j for j in range(1, steps + 1)) / (1 - 0.9)
+        s = int(e * n / 16) * (1 / k) / a
+        assert cfg.server.lr == pytest.approx(2 - s, abs=3e-4)
 
 
 @pytest.mark.parametrize("name, base, total", [("thesis-fig4.9-mnist", 8, 120),
