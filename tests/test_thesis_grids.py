@@ -86,6 +86,10 @@ def test_fig_6_1_fednova_fltk_cell_is_fedavg_with_fltks_step_scale(name):
         a = sum(1 - 0.9 ** j for j in range(1, steps + 1)) / (1 - 0.9)
         s = int(e * n / 16) * (1 / k) / a
         assert cfg.server.lr == pytest.approx(2 - s, abs=3e-4)
+    # fedprox-fltk: FLTK's FedProx default mu, fixed (its adaptive rule is never reached)
+    prox = settings(grid, "fedprox-fltk")
+    assert (prox.algorithm, prox.algo["mu-mode"], prox.algo.mu) == ("fedprox", "fixed", 0.01)
+    assert prox.train["local-epochs"] * prox.rounds == 108
 
 
 @pytest.mark.parametrize("name, base, total", [("thesis-fig4.9-mnist", 8, 120),
