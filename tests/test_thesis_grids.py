@@ -69,9 +69,11 @@ def test_fig_6_1_fednova_fltk_cell_is_fedavg_with_fltks_step_scale(name):
     multiplies each client's update by, 2 - tau_eff / a_i (its sign slip)."""
     grid = load_grid(name)
     assert grid.variants["fednova-fltk"] == ["algorithm=fedavg", "server.optimizer=sgd",
-                                             "server.lr=1.995", *grid.variants["fedavg"][1:]]
+                                             "server.lr=1.995", "server.step-buffers=false",
+                                             *grid.variants["fedavg"][1:]]
     cfg, fedavg = settings(grid, "fednova-fltk"), settings(grid, "fedavg")
     assert (cfg.algorithm, cfg.server.optimizer, cfg.rounds) == ("fedavg", "sgd", fedavg.rounds)
+    assert cfg.server["step-buffers"] is False  # FLTK rescales parameters, not BN statistics
     # the closed form on a short run of steps: the client sends old - (2 - s) x its update
     torch.manual_seed(0)
     old, grads = torch.randn(5), torch.randn(7, 5)
