@@ -80,8 +80,9 @@ def test_fig_6_1_fednova_fltk_cell_is_fedavg_with_fltks_step_scale(name):
     sent, cum, a = fltk_fednova_sends(old, grads, 0.001, 0.9, tau_eff=0.3)
     assert a == pytest.approx(sum(10 * (1 - 0.9 ** k) for k in range(1, 8)))
     assert torch.allclose(sent, old - (2 - 0.3 / a) * cum, atol=1e-7)
-    # the preset's clients: K equal shares n of N, E epochs of ceil(n / B) steps, momentum
-    # 0.9; tau_eff = int(E n / 16) x n / N (FLTK hard-codes B = 16), a_i = sum of its counter
+    # the preset's clients: about N / K samples each (n / N taken as 1 / K), E epochs of
+    # ceil(n / B) steps, momentum 0.9; tau_eff = int(E n / 16) x n / N (FLTK hard-codes
+    # B = 16), a_i = the sum of its momentum counter over the steps
     e, b, k = cfg.train["local-epochs"], cfg.train["batch-size"], cfg.federation["num-clients"]
     for n in (2838, 3000, 3150):  # the spread of seed 0's MNIST clients around 60,000 / 20
         steps = e * -(-n // b)
