@@ -10,8 +10,9 @@ that asks for it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -42,6 +43,18 @@ class Runs:
         """Drop runs no test reached (a failure stopped the module) and wait for those
         running, so no simulation outlives its module."""
         self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+@contextmanager
+def beside(run: Callable[[], Any]) -> Iterator[Callable[[], Any]]:
+    """`run()` in the background while the block runs (one test's reference run beside the run
+    it checks); the yielded `result()` waits for it and raises its error. Leaving the block
+    waits for it too, so it never outlives the test."""
+    started = Runs(lambda _: run(), ["run"], workers=1)
+    try:
+        yield lambda: started["run"]
+    finally:
+        started.close()
 
 
 Needs = Callable[[pytest.Item], list[str]] | dict[str, list[str]]

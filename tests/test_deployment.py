@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from background import Runs
+from background import beside
 
 from fedapps.deploy import run_federation
 from fedapps.launcher import run_experiment
@@ -77,15 +77,11 @@ def test_deployment_gives_the_simulation_numbers(tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     (tmp_path / "tmp").mkdir()
     # the simulation runs beside the deployment (tests/background.py): the two only overlap
-    simulation = Runs(lambda _: run_experiment(experiment, sets, 3, sim, show=QUIET), ["sim"],
-                      workers=1)
-    try:
+    with beside(lambda: run_experiment(experiment, sets, 3, sim, show=QUIET)) as simulation:
         assert run_federation(experiment, sets, 3, dep, state_root=tmp_path / "state",
                               show=QUIET, during=both(watch_clientapps(seen), lock_link_state()),
                               pull_interval=0.5) == "finished:completed"  # the lock cannot stop it
-        assert simulation["sim"] == "finished:completed"
-    finally:
-        simulation.close()
+        assert simulation() == "finished:completed"
     assert all("fedapps.quick_supernode --pull-interval 0.5" in cmd
                for cmd in seen.pop("supernodes"))
     # every message of a node ran in its one long-running ClientApp process (3 nodes x 5

@@ -11,7 +11,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from background import Runs
+from background import beside
 
 from fedapps.launcher import free_port, run_experiment
 
@@ -42,8 +42,6 @@ def test_simulation_on_a_two_node_ray_cluster_gives_the_single_machine_numbers(t
     cluster: tests/background.py): the digits differ between CPU kinds and torch versions
     (docs/ARCHITECTURE.md), so no pinned numbers."""
     single = tmp_path / "single"
-    reference = Runs(lambda _: run_experiment("quickstart", SETS, 3, single,
-                                              show=lambda line: False), ["single"], workers=1)
     port = free_port()
     # Ray's own temp dir, short (Unix socket paths) and private: `ray start` records the
     # cluster there, so no other Ray user on this machine ever connects to it by accident
@@ -61,31 +59,32 @@ def test_simulation_on_a_two_node_ray_cluster_gives_the_single_machine_numbers(t
                     raylets.add(ppid)
 
     watcher = threading.Thread(target=watch, daemon=True)
-    try:
-        subprocess.run(["ray", "start", "--head", "--port", str(port), "--temp-dir",
-                        f"{temp}/h", "--include-dashboard", "false", *common], env=env,
-                       check=True, capture_output=True, timeout=300)
-        subprocess.run(["ray", "start", "--address", f"127.0.0.1:{port}", "--temp-dir",
-                        f"{temp}/w", *common], env=env, check=True, capture_output=True,
-                       timeout=300)
-        watcher.start()
-        out = tmp_path / "run"
-        status = run_experiment("quickstart", SETS, 3, out, show=lambda line: False,
-                                ray_address=f"127.0.0.1:{port}")
-        stop.set()
-        assert status == "finished:completed"
-        assert reference["single"] == "finished:completed"
-        single_machine = g_and_loss(single)
-        assert len(single_machine) == 2 and single_machine[1][0] > 0.5  # chance is 0.1
-        assert g_and_loss(out) == pytest.approx(single_machine, abs=1e-9)
-        assert len(raylets) == 2  # clients ran on both nodes
-    finally:
-        stop.set()
-        reference.close()
-        # stop this cluster's processes only (never `ray stop`: it stops every Ray here)
-        mine = [pid for pid, (_, cmd) in processes().items()
-                if temp.encode() in cmd and pid != os.getpid()]
-        for pid in mine:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        shutil.rmtree(temp, ignore_errors=True)
+    with beside(lambda: run_experiment("quickstart", SETS, 3, single,
+                                       show=lambda line: False)) as reference:
+        try:
+            subprocess.run(["ray", "start", "--head", "--port", str(port), "--temp-dir",
+                            f"{temp}/h", "--include-dashboard", "false", *common], env=env,
+                           check=True, capture_output=True, timeout=300)
+            subprocess.run(["ray", "start", "--address", f"127.0.0.1:{port}", "--temp-dir",
+                            f"{temp}/w", *common], env=env, check=True, capture_output=True,
+                           timeout=300)
+            watcher.start()
+            out = tmp_path / "run"
+            status = run_experiment("quickstart", SETS, 3, out, show=lambda line: False,
+                                    ray_address=f"127.0.0.1:{port}")
+            stop.set()
+            assert status == "finished:completed"
+            assert reference() == "finished:completed"
+            single_machine = g_and_loss(single)
+            assert len(single_machine) == 2 and single_machine[1][0] > 0.5  # chance is 0.1
+            assert g_and_loss(out) == pytest.approx(single_machine, abs=1e-9)
+            assert len(raylets) == 2  # clients ran on both nodes
+        finally:
+            stop.set()
+            # stop this cluster's processes only (never `ray stop`: it stops every Ray here)
+            mine = [pid for pid, (_, cmd) in processes().items()
+                    if temp.encode() in cmd and pid != os.getpid()]
+            for pid in mine:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            shutil.rmtree(temp, ignore_errors=True)

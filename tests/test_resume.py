@@ -7,7 +7,7 @@ import sys
 
 import numpy as np
 import pytest
-from background import Runs
+from background import beside
 
 from fedapps import checkpoint
 
@@ -40,14 +40,11 @@ def test_checkpoint_roundtrip(tmp_path):
 def test_resumed_run_equals_uninterrupted_run(tmp_path, algorithm):
     base = ["--set", f"algorithm={algorithm}", "--set", f"output.output-dir={tmp_path}"]
     # the uninterrupted reference runs beside the stopped and resumed run (tests/background.py)
-    uninterrupted = Runs(lambda _: cli("run", "quickstart", *base, "--set", "rounds=4", "--set",
-                                       "output.run-name=full"), ["full"], workers=1)
-    try:
+    with beside(lambda: cli("run", "quickstart", *base, "--set", "rounds=4", "--set",
+                            "output.run-name=full")) as uninterrupted:
         cli("run", "quickstart", *base, "--set", "rounds=2", "--set", "output.run-name=part")
         proc = cli("resume", str(tmp_path / "part"), "--set", "rounds=4")
-        uninterrupted["full"]
-    finally:
-        uninterrupted.close()
+        uninterrupted()
     assert "round 3/4" in proc.stdout and "round 1/" not in proc.stdout
     full = json.loads((tmp_path / "full" / "results.json").read_text())
     part = json.loads((tmp_path / "part" / "results.json").read_text())
