@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -53,11 +54,45 @@ def run_metric(by_cell: dict[str, list[dict[str, Any]]]) -> str:
     return str(docs[0]["summary"].get("metric", "accuracy")) if docs else "accuracy"
 
 
-def _series(doc: dict[str, Any], key: str, scale: float = 100.0
+# x axes of the curves: per round, or per megabyte of training traffic (models down, updates
+# up: `bytes_down` + `bytes_up`, cumulative), where methods that save communication
+# (phase-shift, Federated Dropout) are compared at equal transfer rather than equal rounds
+X_AXES = {"round": "round", "transfer": "training traffic, models down + updates up (MB)"}
+
+
+def transfer_mb(doc: dict[str, Any]) -> dict[int, float]:
+    """Cumulative training traffic in MB (10^6 bytes) after each round of a run."""
+    total, out = 0, {}
+    for r in doc["rounds"]:
+        total += (r.get("bytes_down") or 0) + (r.get("bytes_up") or 0)
+        out[r["round"]] = total / 1e6
+    return out
+
+
+def _series(doc: dict[str, Any], key: str, scale: float = 100.0, x: str = "round"
             ) -> tuple[np.ndarray, np.ndarray]:
-    pts = [(r["round"], scale * r[key]) for r in doc["rounds"] if r.get(key) is not None]
-    rounds, values = zip(*pts, strict=True) if pts else ((), ())
-    return np.asarray(rounds), np.asarray(values)
+    where = transfer_mb(doc) if x == "transfer" else None
+    pts = [(r["round"] if where is None else where[r["round"]], scale * r[key])
+           for r in doc["rounds"] if r.get(key) is not None]
+    xs, values = zip(*pts, strict=True) if pts else ((), ())
+    return np.asarray(xs), np.asarray(values)
+
+
+def personalizes(by_cell: dict[str, list[dict[str, Any]]], metric: str) -> bool:
+    """Whether any run has a P that differs from its G (a grid of global-model methods has
+    P = G in every round, and a P panel would only repeat G's)."""
+    return any(r.get(f"personal_{metric}") not in (None, r.get(f"global_{metric}"))
+               for docs in by_cell.values() for d in docs for r in d["rounds"])
+
+
+def transfers_differ(by_cell: dict[str, list[dict[str, Any]]]) -> bool:
+    """Whether two cells move different training traffic in a round both ran (each cell's
+    first run; then curves per MB tell what curves per round hide, e.g. phase-shift's 3/4 of
+    FedAvg's messages a round)."""
+    per_round = [{r["round"]: (r.get("bytes_down") or 0) + (r.get("bytes_up") or 0)
+                  for r in docs[0]["rounds"]} for docs in by_cell.values() if docs]
+    return any(a[k] != b[k] for a, b in itertools.combinations(per_round, 2)
+               for k in a.keys() & b.keys())
 
 
 PANELS = (("global", "G (global model)"), ("personal", "P (personalized)"))
@@ -65,9 +100,11 @@ OFFICIAL_PANEL = ("official_test", "official test split (global model)")
 
 
 def plot_curves_with_bands(by_cell: dict[str, list[dict[str, Any]]], path: Path,
-                           title: str) -> Path:
-    """G and P per round (and the official-test accuracy where runs report it), one panel each
-    and one colour per cell: mean over seeds, band = min..max.
+                           title: str, x: str = "round") -> Path:
+    """G and P per round (or, `x="transfer"`, per MB of training traffic; and the
+    official-test accuracy where runs report it), one panel each and one colour per cell:
+    mean over seeds, band = min..max. No P panel where P is G in every run; each cell's seed
+    count is in the legend where the cells' counts differ.
 
     Separate panels and a legend outside the axes keep a ten-method comparison readable.
     """
@@ -75,24 +112,30 @@ def plot_curves_with_bands(by_cell: dict[str, list[dict[str, Any]]], path: Path,
     scale, axis = METRIC_AXES.get(metric, (1.0, metric))
     official = any(r.get(f"{OFFICIAL_PANEL[0]}_{metric}") is not None
                    for docs in by_cell.values() for d in docs for r in d["rounds"])
+    shown = PANELS if personalizes(by_cell, metric) else PANELS[:1]
     panels = [(f"{key}_{metric}", name)
-              for key, name in PANELS + ((OFFICIAL_PANEL,) if official else ())]
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.5), sharey=True)
+              for key, name in shown + ((OFFICIAL_PANEL,) if official else ())]
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.5), sharey=True,
+                             squeeze=False)
+    axes = list(axes[0])
+    counts = {len(docs) for docs in by_cell.values()}
     for i, (label, docs) in enumerate(by_cell.items()):
         color = f"C{i % 10}"
         style = "-" if i < 10 else "--"
+        name = label if len(counts) == 1 else \
+            f"{label} ({len(docs)} seed{'s' if len(docs) != 1 else ''})"
         for ax, (key, _) in zip(axes, panels, strict=True):
-            series = [_series(d, key, scale) for d in docs]
+            series = [_series(d, key, scale, x) for d in docs]
             n = min((len(v) for _, v in series), default=0)
             if n == 0:
                 continue
-            rounds = series[0][0][:n]
+            xs = np.stack([xv[:n] for xv, _ in series]).mean(0)  # seeds' traffic may differ
             stack = np.stack([v[:n] for _, v in series])
-            ax.plot(rounds, stack.mean(0), style, color=color, label=label)
+            ax.plot(xs, stack.mean(0), style, color=color, label=name)
             if len(docs) > 1:
-                ax.fill_between(rounds, stack.min(0), stack.max(0), color=color, alpha=0.15)
+                ax.fill_between(xs, stack.min(0), stack.max(0), color=color, alpha=0.15)
     for ax, (_, name) in zip(axes, panels, strict=True):
-        ax.set_xlabel("round")
+        ax.set_xlabel(X_AXES[x])
         ax.set_title(name)
         ax.grid(alpha=0.3)
     axes[0].set_ylabel(axis)

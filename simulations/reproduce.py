@@ -403,10 +403,18 @@ def short_runs(by_cell: dict[str, list[dict[str, Any]]]) -> list[str]:
 
 
 def plot_all(by_cell: dict[str, list[dict[str, Any]]], out: Path, title: str) -> list[Path]:
-    from fedapps.plots import plot_client_distribution, plot_curves_with_bands, plot_label_heatmap
+    from fedapps.plots import (
+        plot_client_distribution,
+        plot_curves_with_bands,
+        plot_label_heatmap,
+        transfers_differ,
+    )
 
-    paths = [plot_curves_with_bands(by_cell, out / "curves.png", title),
-             plot_client_distribution(by_cell, out / "client_accuracy.png", title)]
+    paths = [plot_curves_with_bands(by_cell, out / "curves.png", title)]
+    if transfers_differ(by_cell):  # e.g. phase-shift against FedAvg: compare at equal traffic
+        paths.append(plot_curves_with_bands(by_cell, out / "curves_by_transfer.png", title,
+                                            x="transfer"))
+    paths.append(plot_client_distribution(by_cell, out / "client_accuracy.png", title))
     first = next(iter(by_cell.values()), [])
     if first and first[0]["partition"].get("class_counts") is not None:  # not for regression
         part = first[0]["partition"]

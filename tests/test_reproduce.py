@@ -185,6 +185,34 @@ def test_plots_are_written(tmp_path):
     assert all(p.stat().st_size > 2000 for p in paths)
 
 
+def test_curves_per_mb_of_training_traffic_when_cells_move_different_traffic(tmp_path):
+    from fedapps.plots import personalizes, transfer_mb, transfers_differ
+    from simulations.reproduce import plot_all
+
+    def traffic(doc, per_round):  # (bytes down, bytes up) of each round
+        for r, (down, up) in zip(doc["rounds"], per_round, strict=True):
+            r.update(bytes_down=down, bytes_up=up, bytes_down_eval=10**9)  # eval not counted
+        return doc
+
+    full = traffic(fake_doc(0.8, 0.8), [(4_000_000, 4_000_000), (4_000_000, 4_000_000)])
+    # phase-shift's shape: every client gets the model, half of them send theirs back
+    half = traffic(fake_doc(0.9, 0.9), [(4_000_000, 2_000_000), (4_000_000, 2_000_000)])
+    assert transfer_mb(full) == {1: 8.0, 2: 16.0} and transfer_mb(half) == {1: 6.0, 2: 12.0}
+    assert not personalizes({"a": [full]}, "accuracy")  # P = G: no P panel
+    assert personalizes({"a": [fake_doc(0.8, 0.9)]}, "accuracy")
+    assert transfers_differ({"fedavg": [full], "2p": [half]})
+    # equal traffic in every round both ran (a shorter run is not a difference)
+    shorter = traffic(fake_doc(0.7, 0.7), [(4_000_000, 4_000_000), (4_000_000, 4_000_000)])
+    shorter["rounds"] = shorter["rounds"][:1]
+    assert not transfers_differ({"fedavg": [full], "short": [shorter]})
+    paths = plot_all({"fedavg": [full], "2p": [half]}, tmp_path, "g")
+    assert [p.name for p in paths] == ["curves.png", "curves_by_transfer.png",
+                                       "client_accuracy.png", "label_distribution.png"]
+    (tmp_path / "same").mkdir()
+    paths = plot_all({"fedavg": [full], "short": [shorter]}, tmp_path / "same", "g")
+    assert "curves_by_transfer.png" not in [p.name for p in paths]
+
+
 def test_grid_files_load_and_labels():
     grid = load_grid("table5.6-fmnist")
     assert grid.experiment == "fedreb-fmnist" and grid.seeds == [0, 1, 2]
