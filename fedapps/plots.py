@@ -60,11 +60,16 @@ def run_metric(by_cell: dict[str, list[dict[str, Any]]]) -> str:
 X_AXES = {"round": "round", "transfer": "training traffic, models down + updates up (MB)"}
 
 
+def round_traffic(record: dict[str, Any]) -> int:
+    """Bytes of a round's training messages (evaluation's are counted apart)."""
+    return (record.get("bytes_down") or 0) + (record.get("bytes_up") or 0)
+
+
 def transfer_mb(doc: dict[str, Any]) -> dict[int, float]:
     """Cumulative training traffic in MB (10^6 bytes) after each round of a run."""
     total, out = 0, {}
     for r in doc["rounds"]:
-        total += (r.get("bytes_down") or 0) + (r.get("bytes_up") or 0)
+        total += round_traffic(r)
         out[r["round"]] = total / 1e6
     return out
 
@@ -89,8 +94,8 @@ def transfers_differ(by_cell: dict[str, list[dict[str, Any]]]) -> bool:
     """Whether two cells move different training traffic in a round both ran (each cell's
     first run; then curves per MB tell what curves per round hide, e.g. phase-shift's 3/4 of
     FedAvg's messages a round)."""
-    per_round = [{r["round"]: (r.get("bytes_down") or 0) + (r.get("bytes_up") or 0)
-                  for r in docs[0]["rounds"]} for docs in by_cell.values() if docs]
+    per_round = [{r["round"]: round_traffic(r) for r in docs[0]["rounds"]}
+                 for docs in by_cell.values() if docs]
     return any(a[k] != b[k] for a, b in itertools.combinations(per_round, 2)
                for k in a.keys() & b.keys())
 
@@ -108,6 +113,8 @@ def plot_curves_with_bands(by_cell: dict[str, list[dict[str, Any]]], path: Path,
 
     Separate panels and a legend outside the axes keep a ten-method comparison readable.
     """
+    if x not in X_AXES:
+        raise ValueError(f"x={x!r}: one of {', '.join(X_AXES)}")
     metric = run_metric(by_cell)
     scale, axis = METRIC_AXES.get(metric, (1.0, metric))
     official = any(r.get(f"{OFFICIAL_PANEL[0]}_{metric}") is not None
