@@ -155,6 +155,74 @@ def plot_curves_with_bands(by_cell: dict[str, list[dict[str, Any]]], path: Path,
     return path
 
 
+# grid axes whose runs report the value they reached (summary key, axis label): a best-by-axis
+# plot puts each point at the reached value's mean, as a Dirichlet split misses its target EMD
+REACHED = {"data.target-emd": ("emd", "EMD (reached, mean over seeds)")}
+
+# (x, mean, min, max, runs) of one point of a best-by-axis line
+Point = tuple[float, float, float, float, int]
+
+
+def best_points(points: list[tuple[float, list[dict[str, Any]]]], key: str, scale: float,
+                reached: str | None = None) -> list[Point]:
+    """A line's points, sorted by x: its runs' summary `key` (a best metric) at each axis
+    value, mean, min and max over the runs that have it; x is the mean of those runs' summary
+    `reached` where every one reports it, else the axis value."""
+    out = []
+    for value, docs in points:
+        runs = [d["summary"] for d in docs if d["summary"].get(key) is not None]
+        if not runs:
+            continue
+        ys = [scale * s[key] for s in runs]
+        got = [s.get(reached) for s in runs] if reached else [None]
+        x = float(np.mean(got)) if None not in got else float(value)
+        out.append((x, float(np.mean(ys)), min(ys), max(ys), len(ys)))
+    return sorted(out)
+
+
+def plot_best_by_axis(lines: dict[str, list[tuple[float, list[dict[str, Any]]]]], path: Path,
+                      title: str, axis: str) -> Path:
+    """Each run's best metric against a numeric grid axis, one line per setting of the other
+    axes (`lines`: name -> [(axis value, runs)]): mean over seeds, bars = min..max, as the
+    thesis draws accuracy against EMD. G, and P where it differs, and the official test
+    split where runs report it."""
+    flat = {f"{name}@{value}": docs for name, pts in lines.items() for value, docs in pts}
+    metric = run_metric(flat)
+    scale, ylabel = METRIC_AXES.get(metric, (1.0, metric))
+    official = any(f"best_{OFFICIAL_PANEL[0]}_{metric}" in d["summary"]
+                   for docs in flat.values() for d in docs)
+    shown = PANELS if personalizes(flat, metric) else PANELS[:1]
+    panels = [(f"best_{key}_{metric}", f"best {name}")
+              for key, name in shown + ((OFFICIAL_PANEL,) if official else ())]
+    reached, xlabel = REACHED.get(axis, (None, axis))
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.5), sharey=True,
+                             squeeze=False)
+    axes = list(axes[0])
+    counts = {len(docs) for docs in flat.values()}
+    for i, (name, pts) in enumerate(lines.items()):
+        for ax, (key, _) in zip(axes, panels, strict=True):
+            line = best_points(pts, key, scale, reached)
+            if not line:
+                continue
+            xs, mean, lo, hi, n = (np.asarray(c) for c in zip(*line, strict=True))
+            label = name if len(counts) == 1 else f"{name} ({min(n)}-{max(n)} seeds)"
+            ax.errorbar(xs, mean, yerr=[mean - lo, hi - mean], marker="o", markersize=4,
+                        capsize=3, color=f"C{i % 10}", linestyle="-" if i < 10 else "--",
+                        label=label)
+    for ax, (_, name) in zip(axes, panels, strict=True):
+        ax.set_xlabel(xlabel)
+        ax.set_title(name)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel(ylabel)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
+    fig.suptitle(f"{title}: best {metric} by {axis}, mean over seeds, bars = min..max")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
 def _last_round_client_scores(docs: list[dict[str, Any]], key: str, scale: float
                               ) -> list[float]:
     """Per-client scores of each run's last evaluated round, runs pooled."""

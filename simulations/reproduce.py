@@ -402,8 +402,33 @@ def short_runs(by_cell: dict[str, list[dict[str, Any]]]) -> list[str]:
     return out
 
 
-def plot_all(by_cell: dict[str, list[dict[str, Any]]], out: Path, title: str) -> list[Path]:
+def numeric_axes(grid: Grid) -> list[str]:
+    """The grid's axes with two or more numeric values (an EMD, an alpha, a width)."""
+    return [k for k, values in grid.axes.items() if len(set(values)) > 1
+            and all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)]
+
+
+def lines_along(grid: Grid, by_cell: dict[str, list[dict[str, Any]]], axis: str
+                ) -> dict[str, list[tuple[float, list[dict[str, Any]]]]]:
+    """The finished runs of each setting of the other axes (named by its cell label), by the
+    value of `axis`, in the grid's order."""
+    lines: dict[str, list[tuple[float, list[dict[str, Any]]]]] = {}
+    for cell in grid.cells():
+        docs = by_cell.get(cell_label(cell))
+        if docs:
+            rest = {k: v for k, v in cell.items() if k != axis}
+            name = cell_label(rest) if rest else grid.name
+            lines.setdefault(name, []).append((float(cell[axis]), docs))
+    return lines
+
+
+def plot_all(by_cell: dict[str, list[dict[str, Any]]], out: Path, title: str,
+             grid: Grid | None = None) -> list[Path]:
+    """The grid's PNGs: curves (per MB too where cells' traffic differs), per-client
+    scores, the first run's label heatmap, and, given the grid, each run's best metric
+    against each numeric axis where a line has two or more of its values."""
     from fedapps.plots import (
+        plot_best_by_axis,
         plot_client_distribution,
         plot_curves_with_bands,
         plot_label_heatmap,
@@ -414,6 +439,10 @@ def plot_all(by_cell: dict[str, list[dict[str, Any]]], out: Path, title: str) ->
     if transfers_differ(by_cell):  # e.g. phase-shift against FedAvg: compare at equal traffic
         paths.append(plot_curves_with_bands(by_cell, out / "curves_by_transfer.png", title,
                                             x="transfer"))
+    for axis in numeric_axes(grid) if grid else []:
+        lines = lines_along(grid, by_cell, axis)
+        if any(len(points) > 1 for points in lines.values()):
+            paths.append(plot_best_by_axis(lines, out / f"best_by_{axis}.png", title, axis))
     paths.append(plot_client_distribution(by_cell, out / "client_accuracy.png", title))
     first = next(iter(by_cell.values()), [])
     if first and first[0]["partition"].get("class_counts") is not None:  # not for regression
@@ -465,7 +494,7 @@ def reproduce(name: str, seeds: int | Sequence[int] | None, overrides: Sequence[
     md = table(by_cell, grid)
     (out / "table.md").write_text(f"# {grid.name}\n\n{md}")
     if by_cell:
-        plot_all(by_cell, out, grid.name)
+        plot_all(by_cell, out, grid.name, grid)
     log(md)
     baseline = paired_against or grid.paired_against
     given = [] if paired_against else grid.paired

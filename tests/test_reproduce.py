@@ -213,6 +213,44 @@ def test_curves_per_mb_of_training_traffic_when_cells_move_different_traffic(tmp
     assert "curves_by_transfer.png" not in [p.name for p in paths]
 
 
+def test_best_metric_against_a_numeric_axis_at_the_reached_emd(tmp_path):
+    from fedapps.plots import best_points
+    from simulations.reproduce import lines_along, numeric_axes, plot_all
+
+    assert numeric_axes(load_grid("thesis-fig3.4-fmnist")) == ["data.target-emd"]
+    assert numeric_axes(load_grid("table5.6-fmnist")) == []  # algorithms only
+    grid = Grid("g", "thesis-fmnist", [0, 1], {"data.partitioner": ["dirichlet", "limit-label"],
+                                               "data.target-emd": [0.8, 1.2]})
+
+    def run(best, emd=None):
+        doc = fake_doc(best, best)
+        doc["summary"]["emd"] = emd
+        return doc
+
+    by_cell = {"data.partitioner=dirichlet,data.target-emd=0.8": [run(0.9, 0.75), run(0.8, 0.79)],
+               "data.partitioner=dirichlet,data.target-emd=1.2": [run(0.7, 1.1)],
+               "data.partitioner=limit-label,data.target-emd=1.2": [run(0.6)]}
+    lines = lines_along(grid, by_cell, "data.target-emd")
+    assert {name: [v for v, _ in pts] for name, pts in lines.items()} == {
+        "data.partitioner=dirichlet": [0.8, 1.2], "data.partitioner=limit-label": [1.2]}
+    # x = the reached EMD's mean (0.77, not the target 0.8), y = best G in %, min, max, runs
+    (x, mean, lo, hi, n), second = best_points(lines["data.partitioner=dirichlet"],
+                                               "best_global_accuracy", 100.0, "emd")
+    assert (x, mean, lo, hi, n) == (pytest.approx(0.77), pytest.approx(85.0), 80.0, 90.0, 2)
+    assert second == (1.1, pytest.approx(70.0), 70.0, 70.0, 1)
+    # a run that does not report the reached value sits at the axis value
+    assert best_points(lines["data.partitioner=limit-label"], "best_global_accuracy", 100.0,
+                       "emd") == [(1.2, 60.0, 60.0, 60.0, 1)]
+    paths = plot_all(by_cell, tmp_path, "g", grid)
+    assert "best_by_data.target-emd.png" in [p.name for p in paths]
+    assert (tmp_path / "best_by_data.target-emd.png").stat().st_size > 2000
+    # no line with two values of the axis: no plot
+    (tmp_path / "one").mkdir()
+    one = {k: v for k, v in by_cell.items() if k.endswith("1.2")}
+    assert "best_by_data.target-emd.png" not in [p.name for p in
+                                                 plot_all(one, tmp_path / "one", "g", grid)]
+
+
 def test_grid_files_load_and_labels():
     grid = load_grid("table5.6-fmnist")
     assert grid.experiment == "fedreb-fmnist" and grid.seeds == [0, 1, 2]
