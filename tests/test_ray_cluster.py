@@ -43,9 +43,6 @@ def test_simulation_on_a_two_node_ray_cluster_gives_the_single_machine_numbers(t
     (docs/ARCHITECTURE.md), so no pinned numbers."""
     single = tmp_path / "single"
     port = free_port()
-    # Ray's own temp dir, short (Unix socket paths) and private: `ray start` records the
-    # cluster there, so no other Ray user on this machine ever connects to it by accident
-    temp = tempfile.mkdtemp(prefix="fr", dir="/tmp")  # one temp dir per node, below it
     env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1"}  # two nodes on one host
     common = ["--num-cpus", "1", "--node-ip-address", "127.0.0.1", "--disable-usage-stats"]
     raylets = set()
@@ -61,6 +58,9 @@ def test_simulation_on_a_two_node_ray_cluster_gives_the_single_machine_numbers(t
     watcher = threading.Thread(target=watch, daemon=True)
     with beside(lambda: run_experiment("quickstart", SETS, 3, single,
                                        show=lambda line: False)) as reference:
+        # Ray's own temp dir, short (Unix socket paths) and private: `ray start` records the
+        # cluster there, so no other Ray user on this machine ever connects to it by accident
+        temp = tempfile.mkdtemp(prefix="fr", dir="/tmp")  # one temp dir per node, below it
         try:
             subprocess.run(["ray", "start", "--head", "--port", str(port), "--temp-dir",
                             f"{temp}/h", "--include-dashboard", "false", *common], env=env,
