@@ -136,6 +136,13 @@ def load_grid(name: str) -> Grid:
         if unknown:
             raise ConfigError(f"grid {name}: variant {', '.join(unknown)} not under variants:; "
                               f"variants: {', '.join(grid.variants) or 'none'}")
+        every = {cell_label(dict(zip(grid.axes, values, strict=True)))
+                 for values in itertools.product(*grid.axes.values())}
+        for key, labels in (("cell-overrides", grid.cell_overrides), ("exclude", grid.exclude)):
+            stray = [label for label in labels if label not in every]
+            if stray:  # a typo would silently run the cell without its settings
+                raise ConfigError(f"grid {name}: {key} names no cell of the grid: "
+                                  f"{', '.join(stray)} (labels look like {min(every)})")
         return grid
     if name in available("experiment"):
         return Grid(name, name, [0, 1, 2])

@@ -167,6 +167,22 @@ def test_a_variant_the_grid_file_does_not_define_is_a_one_line_error(tmp_path, m
     (tmp_path / "grid" / "tail.yaml").write_text("experiment: quickstart\ntail: 10\n")
     with pytest.raises(ConfigError, match=r"grid tail: tail 10.0 must be a share of the rounds"):
         load_grid("tail")  # 10 for 10 %: a share is asked for
+    # a cell-override or exclude label that names no cell (a typo: 1.20 for 1.2) is an error,
+    # not a cell run silently without its settings
+    axes = "experiment: quickstart\ngrid:\n  data.partitioner: [q]\n  data.target-emd: [1.2]\n"
+    (tmp_path / "grid" / "typo.yaml").write_text(
+        axes + 'cell-overrides:\n  "data.partitioner=q,data.target-emd=1.20": [data.q=0.7]\n')
+    with pytest.raises(ConfigError, match=r"grid typo: cell-overrides names no cell of the grid: "
+                       r"data.partitioner=q,data.target-emd=1.20 \(labels look like "
+                       r"data.partitioner=q,data.target-emd=1.2\)"):
+        load_grid("typo")
+    (tmp_path / "grid" / "ex.yaml").write_text(axes + "exclude: [data.target-emd=1.2]\n")
+    with pytest.raises(ConfigError, match="grid ex: exclude names no cell"):
+        load_grid("ex")
+    (tmp_path / "grid" / "ok.yaml").write_text(
+        axes + 'cell-overrides:\n  "data.partitioner=q,data.target-emd=1.2": [data.q=0.7]\n')
+    assert load_grid("ok").cell_sets({"data.partitioner": "q", "data.target-emd": 1.2})[-1] \
+        == "data.q=0.7"
 
 
 def test_mean_std_edge_cases():

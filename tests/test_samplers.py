@@ -108,6 +108,46 @@ def test_limit_label_q_emd_equals_eq_3_13_and_q_is_ll_q_1():
     assert np.array_equal(a, b)
 
 
+def test_per_sample_draws_give_the_thesis_probabilities_in_expectation_only():
+    """data.draw=per-sample: each sample to client k with probability W[k, y] (eq. 3.10 for
+    ll_q), so a client's count of one of its labels is Binomial(160, 0.9 / 4) and of any other
+    Binomial(160, 0.1 / 16); expected counts give exactly 36 and 1."""
+    params = {"label_limit": 2, "q": 0.9, "every_class": False, "draw": "per-sample"}
+    sets = label_sets(20, 10, 2)
+    draws = np.stack([split("limit-label-q", balanced(160), 20, params, seed=s)
+                      for s in range(200)])
+    own, other = draws[:, sets], draws[:, ~sets]  # 40 and 160 cells per draw
+    p_own, p_other = 0.9 / 4, 0.1 / 16
+    # means over 8,000 and 32,000 binomials: within 5 standard errors of 36 and 1
+    assert abs(own.mean() - 36) < 5 * np.sqrt(160 * p_own * (1 - p_own) / own.size)
+    assert abs(other.mean() - 1) < 5 * np.sqrt(160 * p_other * (1 - p_other) / other.size)
+    # their spread is the binomial's (the draws are not expected counts in disguise)
+    assert own.var() == pytest.approx(160 * p_own * (1 - p_own), rel=0.1)
+    assert other.var() == pytest.approx(160 * p_other * (1 - p_other), rel=0.1)
+    # sizes, and the EMD, equal the closed form only in expectation (200 draws: 1.399 mean,
+    # 1.359-1.438; expected counts give 1.4 exactly)
+    assert len({int(n) for n in draws[0].sum(axis=1)}) > 1
+    emds = [emd(d) for d in draws]
+    assert np.mean(emds) == pytest.approx(1.4, abs=0.005) and np.std(emds) > 0.01
+    # seeded: the same seed gives the same split, another seed another
+    assert np.array_equal(split("limit-label-q", balanced(160), 20, params, seed=3), draws[3])
+    assert not np.array_equal(draws[3], draws[4])
+
+
+def test_per_sample_draws_tell_limit_label_from_limit_label_q_at_equal_emd():
+    """Expected counts make ll(2, 0.875) and ll_q(2, 0.9) (both EMD 1.4) the same split; drawn
+    per sample, ll_q is the thesis's coin per sample and ll's counts come from other draws."""
+    ll = {"label_limit": 2, "fraction_noniid": 0.875, "every_class": False}
+    llq = {"label_limit": 2, "q": 0.9, "every_class": False}
+    assert np.array_equal(split("limit-label", balanced(160), 20, ll),
+                          split("limit-label-q", balanced(160), 20, llq))
+    drawn = split("limit-label-q", balanced(160), 20, {**llq, "draw": "per-sample"})
+    assert not np.array_equal(drawn, split("limit-label-q", balanced(160), 20, llq))
+    with pytest.raises(ConfigError, match=r"data.draw.*allowed: expected, per-sample"):
+        validate(load_config("quickstart", ["data.partitioner=limit-label-q",
+                                            "data.draw=coin"]))
+
+
 @pytest.mark.parametrize("target", [0.0, 0.4, 1.0, 1.6, 1.8])
 def test_robinhood_reaches_the_target(target):
     d = robinhood(target, 10, np.random.default_rng(1))
@@ -239,7 +279,8 @@ def test_partition_command_prints_and_writes_the_partition(tmp_path, capsys, mon
     assert lines[-1] == f"EMD {emd(counts):.3f}"
     report = json.loads(out.read_text())
     assert report["class_counts"] == counts.tolist()
-    assert report["params"] == {"label_limit": 2, "fraction_noniid": 0.875, "every_class": False}
+    assert report["params"] == {"label_limit": 2, "fraction_noniid": 0.875, "every_class": False,
+                                "draw": "expected"}
     assert report["emd"] == pytest.approx(emd(counts), abs=1e-12)
     assert report["client_emd"] == pytest.approx(client_emd(counts).tolist(), abs=1e-6)
     assert report["sizes"] == counts.sum(axis=1).tolist()

@@ -117,3 +117,13 @@ def test_fig_5_runs_fedaug_only_below_the_emd():
     cfg = load_config(grid.experiment, grid.cell_sets({"data.target-emd": 1.4,
                                                        "variant": "fedaug-0.8"}))
     assert (cfg.train["local-epochs"], cfg.rounds, cfg.data["target-emd"]) == (4, 8, 1.4)
+
+
+@pytest.mark.parametrize("name", ["thesis-fig3.4-fmnist", "thesis-fig3.4-fmnist-reduced"])
+def test_fig_3_4_draws_ll_q_per_sample_and_the_others_by_expected_counts(name):
+    grid = load_grid(name)
+    draws = {(c["data.partitioner"], c["data.target-emd"]):
+             load_config(grid.experiment, grid.cell_sets(c)).data.draw for c in grid.cells()}
+    assert len(draws) == 4 * len(grid.axes["data.target-emd"])
+    assert {k for k, d in draws.items() if d == "per-sample"} == \
+        {("limit-label-q", e) for e in grid.axes["data.target-emd"]}

@@ -133,7 +133,10 @@ def _natural(data: PartitionInput, num_clients: int, seed: int) -> list[np.ndarr
 # with `_quotas` and hands out each class's shuffled samples by those counts. The thesis draws
 # each sample at random with these probabilities; giving every client its expected count instead
 # (rounded by largest remainder, ties broken at random by the seed) keeps its construction and
-# makes the measured EMD equal the closed form up to rounding.
+# makes the measured EMD equal the closed form up to rounding. `data.draw=per-sample` draws as
+# the thesis does (a multinomial per class: each sample to client k with probability W[k, y]), so
+# sizes and EMD equal the closed form only in expectation; ll(t, f) and ll_q(t, q) then differ
+# at equal EMD, which expected counts make the same split.
 
 _SOLVED_DIGITS = 12  # solved parameters are rounded so that an explicit run can name them
 
@@ -178,14 +181,29 @@ def _every_class(counts: np.ndarray) -> np.ndarray:
     return counts
 
 
+DRAWS = ("expected", "per-sample")
+
+
+def _draw_counts(sizes: np.ndarray, weights: np.ndarray, rng: np.random.Generator,
+                 draw: str) -> np.ndarray:
+    """[K, M] counts: expected counts (`_quotas`), or per sample, one multinomial draw per class
+    (the samples are then dealt in a random order, so this is each sample going to client k with
+    probability weights[k, y], independently)."""
+    if draw == "expected":
+        return _quotas(sizes, weights, rng)
+    return np.stack([rng.multinomial(n, weights[:, y] / weights[:, y].sum())
+                     for y, n in enumerate(sizes)], axis=1).astype(np.int64)
+
+
 def _by_weights(data: PartitionInput, weights: np.ndarray, seed: int,
-                every_class: bool = False) -> list[np.ndarray]:
-    """Indices per client: each class's samples, shuffled, cut by the counts of `weights`."""
+                every_class: bool = False, draw: str = "expected") -> list[np.ndarray]:
+    """Indices per client: each class's samples, shuffled, cut by the counts of `weights`
+    (expected counts, or drawn per sample: `_draw_counts`)."""
     assert data.labels is not None
     labels = np.asarray(data.labels)
     num_classes = weights.shape[1]
     rng = np.random.default_rng([seed, 2])
-    counts = _quotas(np.bincount(labels, minlength=num_classes), weights, rng)
+    counts = _draw_counts(np.bincount(labels, minlength=num_classes), weights, rng, draw)
     if every_class:
         counts = _every_class(counts)
     parts: list[list[np.ndarray]] = [[] for _ in range(len(weights))]
@@ -229,7 +247,8 @@ def llq_emd(label_limit: int, q: float, num_classes: int) -> float:
 
 
 def _limit_label(data: PartitionInput, num_clients: int, seed: int, label_limit: int,
-                 fraction_noniid: float, every_class: bool) -> list[np.ndarray]:
+                 fraction_noniid: float, every_class: bool, draw: str = "expected"
+                 ) -> list[np.ndarray]:
     """ll(t, f), seed 002 section 3.1: a share f of every label is split evenly among the tK/M
     clients whose label set holds it, the share 1 - f evenly among all K clients.
 
@@ -242,7 +261,7 @@ def _limit_label(data: PartitionInput, num_clients: int, seed: int, label_limit:
     sets = label_sets(num_clients, m, label_limit)
     holders = label_limit * num_clients // m
     weights = fraction_noniid * sets / holders + (1 - fraction_noniid) / num_clients
-    return _by_weights(data, weights, seed, every_class)
+    return _by_weights(data, weights, seed, every_class, draw)
 
 
 def _llq_weights(num_clients: int, num_classes: int, label_limit: int, q: float) -> np.ndarray:
@@ -256,20 +275,21 @@ def _llq_weights(num_clients: int, num_classes: int, label_limit: int, q: float)
 
 
 def _limit_label_q(data: PartitionInput, num_clients: int, seed: int, label_limit: int, q: float,
-                   every_class: bool) -> list[np.ndarray]:
+                   every_class: bool, draw: str = "expected") -> list[np.ndarray]:
     """ll_q(t, q), seed 002 section 3.3: a share q of each label goes evenly to the tK/M clients
     whose label set holds it, the rest evenly to the K - tK/M others (eq. 3.10), so client k's
     distribution is q/t on its labels and (1 - q)/(M - t) elsewhere (eq. 3.12).
 
     Choices: Omega_k as in `label_sets`; expected counts rounded by largest remainder (the thesis
-    flips a coin per sample, so its sizes are equal only in expectation; ours are N/K for balanced
-    classes); `every_class` as for limit-label (only matters at q = 1)."""
+    flips a coin per sample, so its sizes are equal only in expectation, as with
+    `draw="per-sample"`; ours are N/K for balanced classes); `every_class` as for limit-label
+    (only matters at q = 1)."""
     weights = _llq_weights(num_clients, _num_classes(data), label_limit, q)
-    return _by_weights(data, weights, seed, every_class)
+    return _by_weights(data, weights, seed, every_class, draw)
 
 
 def _q_sampler(data: PartitionInput, num_clients: int, seed: int, q: float,
-               every_class: bool) -> list[np.ndarray]:
+               every_class: bool, draw: str = "expected") -> list[np.ndarray]:
     """q(q), seed 002 section 3.2 (FLTrust): client k is in group k mod M (FLTK's rule); a share
     q of label y goes to group y's members, the rest evenly to the other groups' members, so
     p_k(y) = q on its group's label and (1 - q)/(M - 1) elsewhere (eq. 3.7). Needs K to be a
@@ -278,7 +298,7 @@ def _q_sampler(data: PartitionInput, num_clients: int, seed: int, q: float,
     if num_clients % m:
         raise ConfigError(f"federation.num-clients={num_clients}: data.partitioner=q needs a "
                           f"multiple of the {m} classes (one group of clients per label)")
-    return _by_weights(data, _llq_weights(num_clients, m, 1, q), seed, every_class)
+    return _by_weights(data, _llq_weights(num_clients, m, 1, q), seed, every_class, draw)
 
 
 ROBINHOOD_TOL = 1e-3  # |EMD(D) - target| at which the solver stops (not given by the thesis)
@@ -599,6 +619,9 @@ Q = Param("q", "data.q", float, 0.5, low=0, high=1,
           doc="q, limit-label-q: share of each label for its group / set holders")
 EVERY_CLASS = Param("every_class", "data.every-class", bool, False,
                     doc="samplers: give every client at least one sample of every class")
+DRAW = Param("draw", "data.draw", str, "expected", choices=DRAWS,
+             doc="limit-label, q, limit-label-q: each client's expected count of each class, "
+                 "or each sample drawn at random (the thesis's ll_q and q)")
 FEDAIOT_MIN_SIZE = Param("min_size", "data.fedaiot.min-size", int, 20, low=1,
                          doc="FedAIoT Dirichlet: samples every client ends with (redraws, repair)")
 MAX_ITERATIONS = Param("max_iterations", "data.fedaiot.max-iterations", int, 10_000, low=1,
@@ -625,12 +648,13 @@ PARTITIONERS: dict[str, Partitioner] = {
                           doc="pathological: labels-per-client classes per client"),
     "natural": Partitioner(_natural, needs_client_ids=True,
                            doc="one client per natural client id of the source"),
-    "limit-label": Partitioner(_limit_label, (LABEL_LIMIT, FRACTION_NONIID, EVERY_CLASS),
+    "limit-label": Partitioner(_limit_label, (LABEL_LIMIT, FRACTION_NONIID, EVERY_CLASS, DRAW),
                                needs_labels=True, check=_check_label_limit, solve=_solve_ll,
                                doc="seed 002 ll(t, f): EMD 2f - 2tf/M"),
-    "q": Partitioner(_q_sampler, (Q, EVERY_CLASS), needs_labels=True, solve=_solve_q,
+    "q": Partitioner(_q_sampler, (Q, EVERY_CLASS, DRAW), needs_labels=True, solve=_solve_q,
                      doc="seed 002 q(q): EMD 2q - 2/M"),
-    "limit-label-q": Partitioner(_limit_label_q, (LABEL_LIMIT, Q, EVERY_CLASS), needs_labels=True,
+    "limit-label-q": Partitioner(_limit_label_q, (LABEL_LIMIT, Q, EVERY_CLASS, DRAW),
+                                 needs_labels=True,
                                  check=_check_label_limit, solve=_solve_llq,
                                  doc="seed 002 ll_q(t, q): EMD 2q - 2t/M"),
     "emd": Partitioner(_emd_sampler, (TARGET_EMD,), needs_labels=True, check=_check_emd,
