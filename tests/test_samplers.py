@@ -143,6 +143,11 @@ def test_per_sample_draws_tell_limit_label_from_limit_label_q_at_equal_emd():
                           split("limit-label-q", balanced(160), 20, llq))
     drawn = split("limit-label-q", balanced(160), 20, {**llq, "draw": "per-sample"})
     assert not np.array_equal(drawn, split("limit-label-q", balanced(160), 20, llq))
+    # drawn per sample, a small pool over many clients leaves some without data: one line
+    tiny = {"label_limit": 1, "q": 1.0, "every_class": False, "draw": "per-sample"}
+    with pytest.raises(ConfigError, match=r"^data.partitioner=limit-label-q: \d+ of 40 clients "
+                       r"get no samples \(first: client \d+; 40 samples\); use fewer clients"):
+        split("limit-label-q", balanced(4), 40, tiny)
     with pytest.raises(ConfigError, match=r"data.draw.*allowed: expected, per-sample"):
         validate(load_config("quickstart", ["data.partitioner=limit-label-q",
                                             "data.draw=coin"]))

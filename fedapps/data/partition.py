@@ -690,7 +690,13 @@ def run_partitioner(name: str, data: PartitionInput, num_clients: int, seed: int
                           "has none")
     if part.needs_inputs and data.inputs is None:
         raise ConfigError(f"data.partitioner={name}: needs the samples' inputs")
-    return part.fn(data, num_clients, seed, **params)
+    parts = part.fn(data, num_clients, seed, **params)
+    empty = [k for k, p in enumerate(parts) if len(p) == 0]
+    if empty:  # a client without data cannot train or be evaluated
+        raise ConfigError(f"data.partitioner={name}: {len(empty)} of {num_clients} clients get "
+                          f"no samples (first: client {empty[0]}; {data.num_samples} samples); "
+                          "use fewer clients or another setting")
+    return parts
 
 
 def partition_indices(
