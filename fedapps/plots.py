@@ -104,6 +104,37 @@ PANELS = (("global", "G (global model)"), ("personal", "P (personalized)"))
 OFFICIAL_PANEL = ("official_test", "official test split (global model)")
 
 
+def _panels(by_cell: dict[str, list[dict[str, Any]]], metric: str) -> list[tuple[str, str]]:
+    """(series, title) of each panel: G; P where some run's P differs from its G; the
+    official test split where runs report it."""
+    official = any(r.get(f"{OFFICIAL_PANEL[0]}_{metric}") is not None
+                   for docs in by_cell.values() for d in docs for r in d["rounds"])
+    shown = PANELS if personalizes(by_cell, metric) else PANELS[:1]
+    return list(shown + ((OFFICIAL_PANEL,) if official else ()))
+
+
+def _panel_figure(count: int) -> tuple[Any, list[Any]]:
+    fig, axes = plt.subplots(1, count, figsize=(5.5 * count, 4.5), sharey=True, squeeze=False)
+    return fig, list(axes[0])
+
+
+def _save_panels(fig: Any, axes: list[Any], titles: list[str], xlabel: str, ylabel: str,
+                 title: str, path: Path) -> Path:
+    """Axis labels, one legend outside the axes (a ten-method comparison stays readable)."""
+    for ax, name in zip(axes, titles, strict=True):
+        ax.set_xlabel(xlabel)
+        ax.set_title(name)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel(ylabel)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
 def plot_curves_with_bands(by_cell: dict[str, list[dict[str, Any]]], path: Path,
                            title: str, x: str = "round") -> Path:
     """G and P per round (or, `x="transfer"`, per MB of training traffic; and the
@@ -117,14 +148,8 @@ def plot_curves_with_bands(by_cell: dict[str, list[dict[str, Any]]], path: Path,
         raise ValueError(f"x={x!r}: one of {', '.join(X_AXES)}")
     metric = run_metric(by_cell)
     scale, axis = METRIC_AXES.get(metric, (1.0, metric))
-    official = any(r.get(f"{OFFICIAL_PANEL[0]}_{metric}") is not None
-                   for docs in by_cell.values() for d in docs for r in d["rounds"])
-    shown = PANELS if personalizes(by_cell, metric) else PANELS[:1]
-    panels = [(f"{key}_{metric}", name)
-              for key, name in shown + ((OFFICIAL_PANEL,) if official else ())]
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.5), sharey=True,
-                             squeeze=False)
-    axes = list(axes[0])
+    panels = [(f"{key}_{metric}", name) for key, name in _panels(by_cell, metric)]
+    fig, axes = _panel_figure(len(panels))
     counts = {len(docs) for docs in by_cell.values()}
     for i, (label, docs) in enumerate(by_cell.items()):
         color = f"C{i % 10}"
@@ -141,18 +166,8 @@ def plot_curves_with_bands(by_cell: dict[str, list[dict[str, Any]]], path: Path,
             ax.plot(xs, stack.mean(0), style, color=color, label=name)
             if len(docs) > 1:
                 ax.fill_between(xs, stack.min(0), stack.max(0), color=color, alpha=0.15)
-    for ax, (_, name) in zip(axes, panels, strict=True):
-        ax.set_xlabel(X_AXES[x])
-        ax.set_title(name)
-        ax.grid(alpha=0.3)
-    axes[0].set_ylabel(axis)
-    handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
-    fig.suptitle(f"{title}: mean over seeds, band = min..max")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return _save_panels(fig, axes, [name for _, name in panels], X_AXES[x], axis,
+                        f"{title}: mean over seeds, band = min..max", path)
 
 
 # grid axes whose runs report the value they reached (summary key, axis label): a best-by-axis
@@ -189,15 +204,9 @@ def plot_best_by_axis(lines: dict[str, list[tuple[float, list[dict[str, Any]]]]]
     flat = {f"{name}@{value}": docs for name, pts in lines.items() for value, docs in pts}
     metric = run_metric(flat)
     scale, ylabel = METRIC_AXES.get(metric, (1.0, metric))
-    official = any(f"best_{OFFICIAL_PANEL[0]}_{metric}" in d["summary"]
-                   for docs in flat.values() for d in docs)
-    shown = PANELS if personalizes(flat, metric) else PANELS[:1]
-    panels = [(f"best_{key}_{metric}", f"best {name}")
-              for key, name in shown + ((OFFICIAL_PANEL,) if official else ())]
+    panels = [(f"best_{key}_{metric}", f"best {name}") for key, name in _panels(flat, metric)]
     reached, xlabel = REACHED.get(axis, (None, axis))
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.5), sharey=True,
-                             squeeze=False)
-    axes = list(axes[0])
+    fig, axes = _panel_figure(len(panels))
     counts = {len(docs) for docs in flat.values()}
     for i, (name, pts) in enumerate(lines.items()):
         for ax, (key, _) in zip(axes, panels, strict=True):
@@ -209,18 +218,9 @@ def plot_best_by_axis(lines: dict[str, list[tuple[float, list[dict[str, Any]]]]]
             ax.errorbar(xs, mean, yerr=[mean - lo, hi - mean], marker="o", markersize=4,
                         capsize=3, color=f"C{i % 10}", linestyle="-" if i < 10 else "--",
                         label=label)
-    for ax, (_, name) in zip(axes, panels, strict=True):
-        ax.set_xlabel(xlabel)
-        ax.set_title(name)
-        ax.grid(alpha=0.3)
-    axes[0].set_ylabel(ylabel)
-    handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
-    fig.suptitle(f"{title}: best {metric} by {axis}, mean over seeds, bars = min..max")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return _save_panels(fig, axes, [name for _, name in panels], xlabel, ylabel,
+                        f"{title}: best {metric} by {axis}, mean over seeds, bars = min..max",
+                        path)
 
 
 def _last_round_client_scores(docs: list[dict[str, Any]], key: str, scale: float
