@@ -77,11 +77,14 @@ class Grid:
     # than the final round of a curve that swings from round to round (0: none)
     tail: float = 0.0
 
-    def cells(self) -> list[dict[str, Any]]:
+    def every_cell(self) -> list[dict[str, Any]]:
+        """Every combination of the axes' values, excluded ones too."""
         keys = list(self.axes)
-        every = [dict(zip(keys, values, strict=True))
-                 for values in itertools.product(*(self.axes[k] for k in keys))]
-        return [c for c in every if cell_label(c) not in self.exclude]
+        return [dict(zip(keys, values, strict=True))
+                for values in itertools.product(*(self.axes[k] for k in keys))]
+
+    def cells(self) -> list[dict[str, Any]]:
+        return [c for c in self.every_cell() if cell_label(c) not in self.exclude]
 
     def cell_sets(self, cell: dict[str, Any]) -> list[str]:
         """The overrides that make a cell: the grid's, then the axes' values (a variant's
@@ -136,8 +139,7 @@ def load_grid(name: str) -> Grid:
         if unknown:
             raise ConfigError(f"grid {name}: variant {', '.join(unknown)} not under variants:; "
                               f"variants: {', '.join(grid.variants) or 'none'}")
-        every = {cell_label(dict(zip(grid.axes, values, strict=True)))
-                 for values in itertools.product(*grid.axes.values())}
+        every = {cell_label(cell) for cell in grid.every_cell()}
         for key, labels in (("cell-overrides", grid.cell_overrides), ("exclude", grid.exclude)):
             stray = [label for label in labels if label not in every]
             if stray:  # a typo would silently run the cell without its settings
