@@ -148,6 +148,8 @@ def test_per_sample_draws_tell_limit_label_from_limit_label_q_at_equal_emd():
     with pytest.raises(ConfigError, match=r"^data.partitioner=limit-label-q: \d+ of 40 clients "
                        r"get no samples \(first: client \d+; 40 samples\); use fewer clients"):
         split("limit-label-q", balanced(4), 40, tiny)
+    with pytest.raises(ValueError, match="draw='coin': one of expected, per-sample"):
+        split("limit-label-q", balanced(160), 20, {**llq, "draw": "coin"})
     with pytest.raises(ConfigError, match=r"data.draw.*allowed: expected, per-sample"):
         validate(load_config("quickstart", ["data.partitioner=limit-label-q",
                                             "data.draw=coin"]))

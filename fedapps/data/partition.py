@@ -189,6 +189,8 @@ def _draw_counts(sizes: np.ndarray, weights: np.ndarray, rng: np.random.Generato
     """[K, M] counts: expected counts (`_quotas`), or per sample, one multinomial draw per class
     (the samples are then dealt in a random order, so this is each sample going to client k with
     probability weights[k, y], independently)."""
+    if draw not in DRAWS:  # the config path checks this; direct callers too
+        raise ValueError(f"draw={draw!r}: one of {', '.join(DRAWS)}")
     if draw == "expected":
         return _quotas(sizes, weights, rng)
     return np.stack([rng.multinomial(n, weights[:, y] / weights[:, y].sum())
@@ -654,8 +656,7 @@ PARTITIONERS: dict[str, Partitioner] = {
     "q": Partitioner(_q_sampler, (Q, EVERY_CLASS, DRAW), needs_labels=True, solve=_solve_q,
                      doc="seed 002 q(q): EMD 2q - 2/M"),
     "limit-label-q": Partitioner(_limit_label_q, (LABEL_LIMIT, Q, EVERY_CLASS, DRAW),
-                                 needs_labels=True,
-                                 check=_check_label_limit, solve=_solve_llq,
+                                 needs_labels=True, check=_check_label_limit, solve=_solve_llq,
                                  doc="seed 002 ll_q(t, q): EMD 2q - 2t/M"),
     "emd": Partitioner(_emd_sampler, (TARGET_EMD,), needs_labels=True, check=_check_emd,
                        doc="seed 002 EMD-targeted (Robinhood D, shifted per client)"),
