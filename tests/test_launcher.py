@@ -326,3 +326,21 @@ def test_a_status_the_run_wrote_itself_is_kept(tmp_path):
         assert not mark_failed(tmp_path, "whatever")
         assert json.loads((tmp_path / "results.json").read_text())["summary"]["status"] == status
     assert not mark_failed(tmp_path / "missing", "no results.json: nothing to mark")
+
+
+def test_run_status_falls_back_to_flwr_ls_when_the_control_api_call_fails(tmp_path):
+    """No SuperLink listens on the link's port, so the direct Control API call fails; the
+    status then comes from `flwr ls` (here a script printing what `flwr ls --format json`
+    prints). That the direct call answers is checked in tests/test_deployment.py, where the
+    fallback is made to fail."""
+    from fedapps.launcher import LocalSuperLink
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    flwr = bin_dir / "flwr"
+    flwr.write_text("#!/bin/sh\necho '{\"success\": true, \"runs\": "
+                    "[{\"run-id\": 7, \"status\": \"finished:stopped\"}]}'\n")
+    flwr.chmod(0o755)
+    path = f"{bin_dir}{os.pathsep}{os.environ['PATH']}"
+    link = LocalSuperLink(tmp_path, extra_env={"PATH": path})
+    assert link.run_status("7") == "finished:stopped"
