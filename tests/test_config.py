@@ -24,32 +24,12 @@ def test_merge_order_defaults_dataset_algorithm_experiment_overrides():
     assert cfg.train.momentum == 0.9  # defaults
 
 
-def omegaconf_merged(experiment, overrides):
-    """The merge as OmegaConf itself does it (the implementation before the plain-dict merge):
-    the independent reference load_config must equal."""
-    from fedapps.config import CONF_DIR
-
-    over = OmegaConf.from_dotlist(list(overrides))
-    name = over.pop("experiment", experiment)
-    exp = OmegaConf.load(CONF_DIR / "experiment" / f"{name}.yaml")
-    defaults = OmegaConf.load(CONF_DIR / "defaults.yaml")
-
-    def chosen(key):
-        return next(str(src[key]) for src in (over, exp, defaults) if key in src)
-
-    merged = OmegaConf.merge(defaults,
-                             OmegaConf.load(CONF_DIR / "dataset" / f"{chosen('dataset')}.yaml"),
-                             OmegaConf.load(CONF_DIR / "algorithm" / f"{chosen('algorithm')}.yaml"),
-                             exp, over)
-    merged.experiment = name
-    return merged
-
-
 def test_the_merge_equals_omegaconfs_own():
     """load_config merges plain dicts (4x faster than OmegaConf's merges); the result, raw and
     resolved, is OmegaConf's: every experiment file as it is, two with overrides of every kind
     (all 693 cells of the grid files were checked the same way once, 2026-11-28)."""
     from fedapps.config import available
+    from simulations.overheads import omegaconf_merged
 
     cases = [(experiment, []) for experiment in available("experiment")] + [
         (experiment, overrides) for experiment in ("quickstart", "thesis-fmnist")
