@@ -145,7 +145,7 @@ def test_bad_updates_and_crashes_are_counted_not_aggregated(tmp_path):
     out, lines = tmp_path / "run", []
     # the hung node (4) costs each fit and evaluation step the round timeout: 12 s, four
     # times; quick SuperNodes (0.5 s idle pull) bring the healthy answers in well before it
-    # (Flower's own 3 s pull runs in the two tests after the next one)
+    # (Flower's own 3 s pull runs in the too-few-clients and TLS tests)
     status = run_federation("quickstart", sets, n + 2, out, node_extra=nodes, pull_interval=0.5,
                             show=lambda line: lines.append(line) and False)
     assert status == "finished:completed"  # old code: the bad handshake failed the run
@@ -194,7 +194,7 @@ def test_restarted_supernode_resumes_its_personal_head_from_state_dir(tmp_path):
             "federation.min-fit-fraction=0.3", "federation.round-timeout=15"]
     # the killed node's message of round 3 is waited for until this timeout; a healthy round
     # took 7-15 s here on the 2-core machine under the load of two other simulations with
-    # Flower's 3 s idle pull, under 5 s alone with the quick SuperNodes' 0.5 s
+    # Flower's 3 s idle pull; the quick SuperNodes here pull every 0.5 s
     out = tmp_path / "run"
 
     def kill_and_restart(nodes):
