@@ -57,14 +57,15 @@ def _parsed(path: Path, mtime_ns: int, size: int) -> dict[str, Any]:
 
 
 def _merged(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
-    """`update` merged into `base` (both left unchanged) as OmegaConf.merge merges untyped
-    configs: mappings key by key, any other value (lists too) replaced whole."""
+    """`update` merged into `base` as OmegaConf.merge merges untyped configs: mappings key by
+    key, any other value (lists too) replaced whole. Neither input is changed; values are
+    shared, not copied (the inputs are this call's own copies, and OmegaConf.create copies)."""
     out = dict(base)
     for key, value in update.items():
         if isinstance(value, dict) and isinstance(out.get(key), dict):
             out[key] = _merged(out[key], value)
         else:
-            out[key] = copy.deepcopy(value)
+            out[key] = value
     return out
 
 
