@@ -33,6 +33,18 @@ PULL_HELP = ("SECONDS (0.05-3): the SuperNode pulls for work this often while id
              "on the SuperLink; fedapps/quick_supernode.py, measured in docs/PERFORMANCE.md)")
 
 
+CPUS_HELP = ("CPUs the run's Ray may use (default: all of this machine's); one client trains "
+             "per CPU, so with 1 the run leaves the other cores to other work (two runs side "
+             "by side on 2 cores: 56 -> 44 s, docs/PERFORMANCE.md)")
+
+
+def cpu_count(text: str) -> int:
+    """argparse type of --cpus: a whole number, at least 1."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: a whole number of CPUs, at least 1")
+    return int(text)
+
+
 RAY_HELP = ("run the simulated clients on an existing Ray cluster (the head's address, as "
             "`ray start --head` prints it) instead of a Ray started on this machine")
 
@@ -55,6 +67,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, Any]:
             s.add_argument("--verbose", action="store_true", help="show Flower's whole log")
             s.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
             s.add_argument("--ray-address", default=None, metavar="HOST:PORT", help=RAY_HELP)
+            s.add_argument("--cpus", type=cpu_count, default=None, metavar="N", help=CPUS_HELP)
     d = sub.add_parser("deploy-local", help="run an experiment on a real SuperLink + SuperNodes "
                        "(separate processes, loopback gRPC/HTTP)")
     d.add_argument("experiment", help="preset in conf/experiment (see `fedapps list`)")
@@ -99,6 +112,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, Any]:
                         "output.plots, federation.round-timeout and wandb.* may change")
     r.add_argument("--verbose", action="store_true", help="show Flower's whole log")
     r.add_argument("--ray-address", default=None, metavar="HOST:PORT", help=RAY_HELP)
+    r.add_argument("--cpus", type=cpu_count, default=None, metavar="N", help=CPUS_HELP)
     sub.add_parser("list", help="list experiments, datasets, algorithms and grids")
     return p, sub
 
@@ -197,6 +211,9 @@ def _mode(args: argparse.Namespace) -> str:
 def _run(args: argparse.Namespace, mode: str | None = None) -> int:
     from fedapps.launcher import gpus_per_client, run_experiment
 
+    if args.cpus and args.ray_address:
+        raise ConfigError("--cpus caps a Ray started on this machine; a cluster's CPUs "
+                          "(--ray-address) are its own")
     cfg, out, n = _named_run(args)
     print(f"fedapps: {cfg.experiment} ({cfg.algorithm} on {cfg.dataset}, {n} clients, "
           f"{cfg.rounds} rounds) -> {out}", flush=True)
@@ -205,7 +222,7 @@ def _run(args: argparse.Namespace, mode: str | None = None) -> int:
                             n, out, gpus_per_client=gpus_per_client(str(cfg.device)),
                             show=(lambda line: True) if args.verbose else _show,
                             mode=mode or _mode(args),
-                            ray_address=args.ray_address)
+                            ray_address=args.ray_address, total_cpus=args.cpus)
     return _report(status, out)
 
 

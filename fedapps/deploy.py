@@ -1,5 +1,6 @@
 """A real deployment on this machine: one `flower-superlink` and N `flower-supernode`
-processes talking over the loopback network, then `flwr run`, then a clean shutdown.
+processes talking over the loopback network, then the run submitted as `flwr run` would
+(fedapps/launcher.py), then a clean shutdown.
 
 Each SuperNode gets `--node-config "partition-id=i num-partitions=N data-root=... state-dir=..."`
 exactly as it would on a Jetson or a Raspberry Pi (see deploy/README.md); only the addresses

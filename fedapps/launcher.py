@@ -1,13 +1,16 @@
 """Run an experiment as a real Flower simulation on a SuperLink this process owns.
 
 Starts `flower-superlink --simulation` on free loopback ports with its own FLWR_HOME, submits
-the app with `flwr run --stream`, relays the progress lines, then asks the SuperLink for the
-run's final status (since `flwr run` exits 0 even when the run failed) and checks the results
-file. Every process it started is stopped on the way out, also on Ctrl-C.
+the app over the SuperLink's Control API from this process (what `flwr run --stream` does,
+without the 2-3 s of a `flwr` process importing Flower's CLI), relays the progress lines of the
+run's log stream, then asks the SuperLink for the run's final status (the stream ends the same
+way for a failed run) and checks the results file. Every process it started is stopped on the
+way out, also on Ctrl-C.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -20,7 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
 import httpx
@@ -55,8 +58,19 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def toml_string(value: str) -> str:
-    return json.dumps(value)  # a JSON string literal is a valid TOML basic string
+def log_lines(chunks: Iterable[str]) -> Iterator[str]:
+    """Whole lines, each ending in a newline, of a log streamed in chunks that may end inside a
+    line (the Control API sends what the run logged since the last chunk)."""
+    pending = ""
+    for chunk in chunks:
+        *lines, pending = (pending + chunk).split("\n")
+        yield from (line + "\n" for line in lines)
+    if pending:
+        yield pending + "\n"
+
+
+class RunNotStarted(RuntimeError):
+    """The SuperLink did not start the run (its answer to StartRun)."""
 
 
 class LocalSuperLink:
@@ -149,6 +163,49 @@ class LocalSuperLink:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    def control_client(self):
+        """A client of the SuperLink's Control API (Flower's, as `flwr run` and `flwr ls` use
+        it), over TLS where the connection has a root certificate; the caller closes it."""
+        from flwr.supercore.control.control_http_client import ControlHttpClient
+
+        ca = self.connection.get("root-certificates")
+        return ControlHttpClient.from_server_address(
+            self.address, insecure=bool(self.connection.get("insecure")),
+            root_certificates=Path(str(ca)).read_bytes() if ca else None,
+            interceptors=())
+
+    def run_log(self, app_dir: Path, run_config: dict[str, str],
+                federation: dict[str, int | float] | None) -> Iterator[str]:
+        """Start the app in `app_dir` and yield its log line by line until the run ends, as
+        `flwr run APP --stream` prints it: first "Successfully started run <id>". `federation`:
+        the simulation's settings (Flower's SimulationConfig fields), None in a deployment.
+        Raises RunNotStarted when the app cannot be bundled or the SuperLink refuses it."""
+        from flwr.cli.build import build_fab_from_disk
+        from flwr.common.serde import fab_to_proto, user_config_to_proto
+        from flwr.proto.control_pb2 import StartRunRequest, StreamLogsRequest
+        from flwr.supercore.fab import Fab
+        from flwr.supercore.utils import simulation_config_from_json
+
+        client = self.control_client()
+        try:
+            try:
+                fab_bytes = build_fab_from_disk(app_dir)  # the app as `flwr run` bundles it
+                fab = Fab(hashlib.sha256(fab_bytes).hexdigest(), fab_bytes, {})
+                started = client.StartRun(StartRunRequest(
+                    fab=fab_to_proto(fab), override_config=user_config_to_proto(run_config),
+                    override_federation_config=(simulation_config_from_json(federation)
+                                                if federation else None)))
+            except Exception as err:  # noqa: BLE001 - a bad app or the SuperLink's refusal
+                raise RunNotStarted(f"{type(err).__name__}: {err}") from err
+            if not started.HasField("run_id"):
+                raise RunNotStarted("the SuperLink gave no run id")
+            yield f"Successfully started run {started.run_id}\n"
+            stream = client.StreamLogs(StreamLogsRequest(run_id=started.run_id,
+                                                         after_timestamp=0.0))
+            yield from log_lines(chunk.log_output for chunk in stream)
+        finally:
+            client.close()
+
     def run_status(self, run_id: str) -> str:
         """'finished:completed', 'finished:failed', ... as the SuperLink reports it: asked over
         its Control API from this process (the `flwr ls` process it replaces took 2.6 s of a
@@ -160,13 +217,8 @@ class LocalSuperLink:
 
     def _control_api_status(self, run_id: int) -> str:
         from flwr.proto.control_pb2 import ListRunsRequest
-        from flwr.supercore.control.control_http_client import ControlHttpClient
 
-        ca = self.connection.get("root-certificates")
-        client = ControlHttpClient.from_server_address(
-            self.address, insecure=bool(self.connection.get("insecure")),
-            root_certificates=Path(str(ca)).read_bytes() if ca else None,
-            interceptors=())
+        client = self.control_client()
         try:
             status = client.ListRuns(ListRunsRequest(run_id=run_id)).run_dict[run_id].status
         finally:
@@ -219,40 +271,30 @@ def submit(
     `total_cpus` caps the CPUs the simulation's Ray backend may use (default: all of them), so
     several simulations can share a machine; `prefix` tags the lines shown (concurrent runs).
     """
-    config_file = link.home / "run-config.toml"
-    config_file.write_text("".join(f"{k} = {toml_string(v)}\n" for k, v in run_config.items()))
-    cmd = ["flwr", "run", str(app_dir), CONNECTION, "--stream", "--run-config", str(config_file)]
-    if not deployment:
-        cmd += ["--federation-config",
-                f"num-supernodes={num_supernodes} client-resources-num-cpus={cpus_per_client:g}"
-                f" client-resources-num-gpus={gpus_per_client:g}"
-                + (f" init-args-num-cpus={total_cpus}" if total_cpus else "")]
+    federation = None if deployment else {
+        "num_supernodes": num_supernodes, "client_resources_num_cpus": cpus_per_client,
+        "client_resources_num_gpus": gpus_per_client,
+        **({"init_args_num_cpus": total_cpus} if total_cpus else {})}
     run_id = None
-    tail: list[str] = []
     error = ""  # the last exception line in the log: why a failed run failed
     colour = sys.stdout.isatty()  # no escape codes in redirected logs
-    proc = start_watched(cmd, env=link.env(), stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True, bufsize=1)
-    assert proc.stdout is not None
     try:
-        for line in proc.stdout:
+        for line in link.run_log(app_dir, run_config, federation):
             plain = ANSI.sub("", line)
             if run_id is None and "Successfully started run" in plain:
                 run_id = plain.strip().split()[-1]
             if ERROR_LINE.match(plain.strip()) and plain.strip() != FLOWER_WRAPPER:
                 error = plain.strip()
-            tail = [*tail[-20:], line]
             if show(plain):
                 sys.stdout.write(prefix + (line if colour else plain))
                 sys.stdout.flush()
-        proc.wait()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        unwatch(proc.pid)
+    except RunNotStarted as refused:
+        return None, f"not started ({refused})"
+    except (httpx.HTTPError, ValueError) as lost:  # the stream broke off (or a bad frame): the
+        if run_id is None:  # SuperLink's status below says how the run ended
+            return None, f"not started ({type(lost).__name__}: {lost})"
     if run_id is None:
-        sys.stderr.write("".join(tail))
-        return None, f"not started (flwr run exited {proc.returncode})"
+        return None, "not started (no run id)"
     status = link.run_status(run_id)
     if status != "finished:completed" and "run-name" in run_config:
         from fedapps.results import mark_failed  # matplotlib: only when a run failed

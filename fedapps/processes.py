@@ -1,7 +1,7 @@
 """Process trees the launcher starts: find them, stop them, and make them die with it.
 
-A SIGKILLed launcher runs no cleanup code, and what it started (the SuperLink, SuperNodes and
-`flwr run`, each SuperLink's executors and Ray's services, most in sessions of their own) would
+A SIGKILLed launcher runs no cleanup code, and what it started (the SuperLink, SuperNodes, each
+SuperLink's executors and Ray's services, most in sessions of their own) would
 run on; the SuperLink would even finish the run. So the launcher starts one watchdog process
 (this file run as a script, standard library only) that holds the read end of a pipe, and
 registers every child it starts (`watch`). However the launcher ends, the kernel closes the

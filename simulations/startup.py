@@ -9,9 +9,10 @@ submission (until "Successfully started run"), the simulation process and the Se
 set-up (until the ServerApp's first [fedapps] line), Ray, the actors and the nodes' handshake
 (until round 1 ends, less round 1's own seconds), the rounds (results.json), and the teardown
 (the rest: the SuperLink's final status, stopping the processes). Then it runs two copies of
-the run one after the other and side by side, and reports the ratio. The same seed gives the
-same numbers either way (checked). Machines here are noisy: every figure is from one
-invocation, and the pairs alternate.
+the run one after the other, side by side, and side by side on one CPU each (`fedapps run
+--cpus 1`: one Ray actor per run, as the test suite's paired runs), and reports the ratios.
+The same seed gives the same numbers every way (checked). Machines here are noisy: every
+figure is from one invocation, and the pairs alternate.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ PHASES = ("submit", "server set-up", "ray, actors, handshake", "rounds", "teardo
 
 
 def timed_run(experiment: str, sets: list[str], run_dir: Path,
-              num_supernodes: int) -> dict[str, Any]:
+              num_supernodes: int, cpus: int | None = None) -> dict[str, Any]:
     """One `fedapps run` with its phases (seconds) and its per-round accuracies."""
     marks: dict[str, float] = {}
 
@@ -48,7 +49,8 @@ def timed_run(experiment: str, sets: list[str], run_dir: Path,
         return False
 
     t0 = time.perf_counter()
-    status = run_experiment(experiment, sets, num_supernodes, run_dir, show=stamp)
+    status = run_experiment(experiment, sets, num_supernodes, run_dir, show=stamp,
+                            total_cpus=cpus)
     wall = time.perf_counter() - t0
     if status != "finished:completed" or len(marks) < 3:
         raise RuntimeError(f"{run_dir}: run status {status}, saw {sorted(marks)}")
@@ -64,13 +66,14 @@ def timed_run(experiment: str, sets: list[str], run_dir: Path,
             "accuracy": [r["global_accuracy"] for r in doc["rounds"]]}
 
 
-def side_by_side(experiment: str, sets: list[str], root: Path,
-                 num_supernodes: int) -> tuple[float, list[list[float]]]:
-    """Two copies of the run at once (own SuperLink and Ray each); wall seconds, accuracies."""
+def side_by_side(experiment: str, sets: list[str], root: Path, num_supernodes: int,
+                 cpus: int | None = None) -> tuple[float, list[list[float]]]:
+    """Two copies of the run at once (own SuperLink and Ray each, on `cpus` CPUs each, default
+    all); wall seconds, accuracies."""
     out: dict[int, dict[str, Any]] = {}
 
     def one(i: int) -> None:
-        out[i] = timed_run(experiment, sets, root / f"pair-{i}", num_supernodes)
+        out[i] = timed_run(experiment, sets, root / f"pair-{i}", num_supernodes, cpus)
 
     t0 = time.perf_counter()
     threads = [threading.Thread(target=one, args=(i,)) for i in (0, 1)]
@@ -100,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     root = Path(tempfile.mkdtemp(prefix="startup-", dir=out))
     alone: list[dict[str, Any]] = []
-    pairs: list[tuple[float, float]] = []
+    pairs: list[tuple[float, float, float]] = []
     for rep in range(args.repeats):
         print(f"startup: repeat {rep + 1}/{args.repeats}: two runs one after the other",
               flush=True)
@@ -110,10 +113,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"startup: repeat {rep + 1}/{args.repeats}: two runs side by side", flush=True)
         both, accuracies = side_by_side(args.experiment, sets, root / f"both-{rep}",
                                         args.clients)
-        if any(a != runs[0]["accuracy"] for a in (runs[1]["accuracy"], *accuracies)):
+        print(f"startup: repeat {rep + 1}/{args.repeats}: two runs side by side, one CPU each",
+              flush=True)
+        capped, capped_accuracies = side_by_side(args.experiment, sets,
+                                                 root / f"one-cpu-{rep}", args.clients, cpus=1)
+        seen = (runs[1]["accuracy"], *accuracies, *capped_accuracies)
+        if any(a != runs[0]["accuracy"] for a in seen):
             raise RuntimeError(f"the same seed gave different numbers: {runs[0]['accuracy']}, "
-                               f"{runs[1]['accuracy']}, {accuracies}")
-        pairs.append((runs[0]["wall"] + runs[1]["wall"], both))
+                               f"{seen}")
+        pairs.append((runs[0]["wall"] + runs[1]["wall"], both, capped))
     res = {"machine": f"{platform.machine()}, {os.cpu_count()} cores",
            "load_average": os.getloadavg(), "experiment": args.experiment, "sets": sets,
            "runs_alone": alone, "pairs": pairs}
@@ -127,9 +135,10 @@ def main(argv: list[str] | None = None) -> int:
         sec = statistics.median(r["phases"][phase] for r in alone)
         lines.append(f"| {phase} | {sec:.1f} | {sec / wall:.0%} |")
     lines += [f"| whole run | {wall:.1f} | 100% |", "",
-              "| two runs one after the other | two side by side | ratio |",
-              "| --- | --- | --- |"]
-    lines += [f"| {a:.1f} s | {b:.1f} s | {a / b:.2f} |" for a, b in pairs]
+              "| two runs one after the other | two side by side | ratio | two side by side, "
+              "one CPU each | ratio |", "| --- | --- | --- | --- | --- |"]
+    lines += [f"| {a:.1f} s | {b:.1f} s | {a / b:.2f} | {c:.1f} s | {a / c:.2f} |"
+              for a, b, c in pairs]
     text = "\n".join(lines) + "\n"
     (root / "startup.md").write_text(text)
     print(text + f"\n(written to {root})")

@@ -151,6 +151,18 @@ def test_cli_config_error_is_one_line_exit_2_without_starting_flower():
     assert "SuperLink" not in proc.stdout + proc.stderr
 
 
+def test_cpus_must_be_a_positive_count_and_cannot_cap_a_cluster(capsys):
+    from fedapps import cli
+
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["run", "quickstart", "--cpus", "0"])
+    assert exit_info.value.code == 2
+    assert "argument --cpus: '0': a whole number of CPUs, at least 1" in capsys.readouterr().err
+    assert cli.main(["run", "quickstart", "--cpus", "1", "--ray-address", "10.0.0.1:6379"]) == 2
+    assert capsys.readouterr().err == ("fedapps: config error: --cpus caps a Ray started on this "
+                                       "machine; a cluster's CPUs (--ray-address) are its own\n")
+
+
 def test_every_algorithm_file_is_registered_and_validates():
     from fedapps.config import available
     from fedapps.registry import ALGORITHMS

@@ -90,7 +90,9 @@ def test_deployment_gives_the_simulation_numbers(tmp_path, monkeypatch):
     (tmp_path / "tmp").mkdir()
     direct_status_only(monkeypatch)
     # the simulation runs beside the deployment (tests/background.py): the two only overlap
-    with beside(lambda: run_experiment(experiment, sets, 3, sim, show=QUIET)) as simulation:
+    # on one CPU (one Ray actor), which leaves the other core to the deployment
+    with beside(lambda: run_experiment(experiment, sets, 3, sim, show=QUIET,
+                                       total_cpus=1)) as simulation:
         assert run_federation(experiment, sets, 3, dep, state_root=tmp_path / "state",
                               show=QUIET, during=both(watch_clientapps(seen), lock_link_state()),
                               pull_interval=0.5) == "finished:completed"  # the lock cannot stop it

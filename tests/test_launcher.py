@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from fedapps.launcher import free_port, toml_string
+from fedapps.launcher import free_port, log_lines
 from fedapps.processes import descendants, terminate
 
 
@@ -35,9 +35,8 @@ def test_descendants_include_children_in_their_own_session_and_terminate_ends_th
             parent.kill()
 
 
-def test_free_port_and_toml_strings():
+def test_free_port():
     assert 1024 < free_port() < 65536
-    assert toml_string('a "quoted" \\ path') == '"a \\"quoted\\" \\\\ path"'
 
 
 def test_node_settings_are_checked_with_one_line_errors(tmp_path):
@@ -270,29 +269,32 @@ def test_sigkill_of_fedapps_run_stops_the_superlink_its_executors_and_the_run(tm
         kill_all(processes_mentioning(marker))
         log.close()
 class _FakeLink:
-    """What `submit` needs of a LocalSuperLink; `flwr` is a script on the PATH it gives."""
+    """What `submit` needs of a LocalSuperLink: the log of a crashed run, in chunks that end
+    inside lines as the Control API's may, and the status the SuperLink reports."""
+
+    LOG = ("Successfully started run 42\n"
+           "\033[92mINFO \033[0m:  [fedapps] round 1/2  G 44.35%\n"
+           "Traceback (most recent call last):\n"
+           "NotADirectoryError: [Errno 20] Not a directory: 'x'\n"
+           "The above exception was the direct cause of the following\n"
+           "RuntimeError: An error was encountered. Ending simulation.\n"
+           "\033[91mERROR \033[0m:  Exit Code: 700\n")
 
     def __init__(self, tmp: Path, status: str) -> None:
-        self.home, self.status, self.log_path = tmp, status, tmp / "superlink.log"
-        bin_dir = tmp / "bin"
-        bin_dir.mkdir()
-        flwr = bin_dir / "flwr"  # prints what `flwr run --stream` printed for a crashed run
-        flwr.write_text("#!/bin/sh\n"
-                        "echo 'Successfully started run 42'\n"
-                        "printf '\\033[92mINFO \\033[0m:  [fedapps] round 1/2  G 44.35%%\\n'\n"
-                        "echo 'Traceback (most recent call last):'\n"
-                        "echo \"NotADirectoryError: [Errno 20] Not a directory: 'x'\"\n"
-                        "echo 'The above exception was the direct cause of the following'\n"
-                        "echo 'RuntimeError: An error was encountered. Ending simulation.'\n"
-                        "printf '\\033[91mERROR \\033[0m:  Exit Code: 700\\n'\n")
-        flwr.chmod(0o755)
-        self.path = f"{bin_dir}{os.pathsep}{os.environ['PATH']}"
+        self.status, self.log_path, self.federation = status, tmp / "superlink.log", None
 
-    def env(self) -> dict[str, str]:
-        return {**os.environ, "PATH": self.path}
+    def run_log(self, app_dir, run_config, federation):
+        self.federation = federation
+        chunks = [self.LOG[i:i + 17] for i in range(0, len(self.LOG), 17)]
+        yield from log_lines(chunks)
 
     def run_status(self, run_id: str) -> str:
         return self.status
+
+
+def test_streamed_chunks_become_whole_lines():
+    assert list(log_lines(["a\nb", "c\n", "", "d\ne"])) == ["a\n", "bc\n", "d\n", "e\n"]
+    assert list(log_lines(["x\n\n"])) == ["x\n", "\n"] and list(log_lines([])) == []
 
 
 def test_a_crashed_run_is_marked_failed_and_redirected_logs_have_no_colour(tmp_path, capsys):
@@ -306,7 +308,9 @@ def test_a_crashed_run_is_marked_failed_and_redirected_logs_have_no_colour(tmp_p
     run_config = {"experiment": "quickstart", "overrides": "", "output-dir": str(out.parent),
                   "run-name": "r"}
     link = _FakeLink(tmp_path, "finished:failed")
-    assert submit(link, run_config, 2) == ("42", "finished:failed")
+    assert submit(link, run_config, 2, total_cpus=1) == ("42", "finished:failed")
+    assert link.federation == {"num_supernodes": 2, "client_resources_num_cpus": 1,
+                               "client_resources_num_gpus": 0.0, "init_args_num_cpus": 1}
     shown = capsys.readouterr().out
     assert "[fedapps] round 1/2  G 44.35%" in shown and "Exit Code: 700" in shown
     assert "\x1b" not in shown  # captured stdout is not a terminal: no escape codes
@@ -314,6 +318,39 @@ def test_a_crashed_run_is_marked_failed_and_redirected_logs_have_no_colour(tmp_p
     assert summary["status"] == (
         "failed: NotADirectoryError: [Errno 20] Not a directory: 'x' (run status "
         f"finished:failed; SuperLink log: {link.log_path})")
+
+
+def test_a_refused_or_broken_off_submission_says_so_in_its_status(tmp_path):
+    import httpx
+
+    from fedapps.launcher import RunNotStarted, submit
+
+    class Refusing(_FakeLink):
+        def __init__(self, tmp: Path, error: Exception, lines: int) -> None:
+            super().__init__(tmp, "finished:completed")
+            self.error, self.lines = error, lines
+
+        def run_log(self, app_dir, run_config, federation):
+            yield from self.LOG.splitlines(keepends=True)[:self.lines]
+            raise self.error
+
+    refused = Refusing(tmp_path, RunNotStarted("ValueError: bad FAB"), 0)
+    assert submit(refused, {}, 2) == (None, "not started (ValueError: bad FAB)")
+    lost = Refusing(tmp_path, httpx.ReadError("connection reset"), 0)
+    assert submit(lost, {}, 2) == (None, "not started (ReadError: connection reset)")
+    # a stream that breaks off after the start: the SuperLink's status says how the run ended
+    assert submit(Refusing(tmp_path, httpx.ReadError("reset"), 2), {}, 2) == \
+        ("42", "finished:completed")
+
+
+def test_an_app_that_cannot_be_bundled_is_not_started(tmp_path):
+    import pytest
+
+    from fedapps.launcher import LocalSuperLink, RunNotStarted
+
+    link = LocalSuperLink(tmp_path)  # no process: the FAB fails before anything is sent
+    with pytest.raises(RunNotStarted, match="pyproject.toml"):
+        next(link.run_log(tmp_path, {}, None))
 
 
 def test_a_status_the_run_wrote_itself_is_kept(tmp_path):

@@ -56,8 +56,8 @@ def test_simulation_on_a_two_node_ray_cluster_gives_the_single_machine_numbers(t
                     raylets.add(ppid)
 
     watcher = threading.Thread(target=watch, daemon=True)
-    with beside(lambda: run_experiment("quickstart", SETS, 3, single,
-                                       show=lambda line: False)) as reference:
+    with beside(lambda: run_experiment("quickstart", SETS, 3, single, show=lambda line: False,
+                                       total_cpus=1)) as reference:  # one actor: a core free
         # Ray's own temp dir, short (Unix socket paths) and private: `ray start` records the
         # cluster there, so no other Ray user on this machine ever connects to it by accident
         temp = tempfile.mkdtemp(prefix="fr", dir="/tmp")  # one temp dir per node, below it

@@ -39,14 +39,35 @@ def test_checkpoint_roundtrip(tmp_path):
 @pytest.mark.parametrize("algorithm", ["feddyn"])  # server state h must survive too
 def test_resumed_run_equals_uninterrupted_run(tmp_path, algorithm):
     base = ["--set", f"algorithm={algorithm}", "--set", f"output.output-dir={tmp_path}"]
-    # the uninterrupted reference runs beside the stopped and resumed run (tests/background.py)
-    with beside(lambda: cli("run", "quickstart", *base, "--set", "rounds=4", "--set",
+    # two stages of two runs side by side (tests/background.py), on one CPU each: the
+    # uninterrupted reference beside the stopped run, then the resume beside a rerun of the
+    # reference's name
+    one_cpu = ["--cpus", "1"]
+    with beside(lambda: cli("run", "quickstart", *base, *one_cpu, "--set", "rounds=4", "--set",
                             "output.run-name=full")) as uninterrupted:
-        cli("run", "quickstart", *base, "--set", "rounds=2", "--set", "output.run-name=part")
-        proc = cli("resume", str(tmp_path / "part"), "--set", "rounds=4")
+        cli("run", "quickstart", *base, *one_cpu, "--set", "rounds=2", "--set",
+            "output.run-name=part")
         uninterrupted()
-    assert "round 3/4" in proc.stdout and "round 1/" not in proc.stdout
     full = json.loads((tmp_path / "full" / "results.json").read_text())
+    # resuming a completed run without more rounds: one line, exit 2, nothing written
+    # (tests/test_rundir.py checks the same for `--set model.name=...` in process)
+    kept = {f: (tmp_path / "full" / f).read_bytes() for f in ("results.json", "config.yaml")}
+    proc = subprocess.run([sys.executable, "-m", "fedapps.cli", "resume", str(tmp_path / "full")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "has done 4 rounds" in proc.stderr
+    assert kept == {f: (tmp_path / "full" / f).read_bytes() for f in kept}
+    # the same name again: refused unless --overwrite; then a fresh run id, so the clients do
+    # not load the old run's FedDyn corrections (4 rounds of them on disk) and the rerun
+    # repeats the first rounds
+    rerun = ["run", "quickstart", *base, "--set", "rounds=2", "--set", "output.run-name=full"]
+    proc = subprocess.run([sys.executable, "-m", "fedapps.cli", *rerun], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2 and "holds a completed run; add --overwrite" in proc.stderr
+    with beside(lambda: cli(*rerun, *one_cpu, "--overwrite")) as overwritten:
+        proc = cli("resume", str(tmp_path / "part"), *one_cpu, "--set", "rounds=4")
+        overwritten()
+    assert "round 3/4" in proc.stdout and "round 1/" not in proc.stdout
     part = json.loads((tmp_path / "part" / "results.json").read_text())
     assert [r["round"] for r in part["rounds"]] == [1, 2, 3, 4]
     for a, b in zip(full["rounds"], part["rounds"], strict=True):
@@ -54,22 +75,7 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path, algorithm):
         assert a["fit_clients"] == b["fit_clients"]
     assert part["summary"]["status"] == "completed"
     assert part["environments"] == full["environments"]  # resumed on the same machine: one
-    # resuming the completed run without more rounds: one line, exit 2, nothing written
-    # (tests/test_rundir.py checks the same for `--set model.name=...` in process)
-    kept = {f: (tmp_path / "part" / f).read_bytes() for f in ("results.json", "config.yaml")}
-    proc = subprocess.run([sys.executable, "-m", "fedapps.cli", "resume", str(tmp_path / "part")],
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
-    assert "has done 4 rounds" in proc.stderr
-    assert kept == {f: (tmp_path / "part" / f).read_bytes() for f in kept}
-    # the same name again: refused unless --overwrite; then a fresh run id, so the clients do
-    # not load the old run's FedDyn corrections and the run repeats `full`'s first rounds
-    rerun = ["run", "quickstart", *base, "--set", "rounds=2", "--set", "output.run-name=part"]
-    proc = subprocess.run([sys.executable, "-m", "fedapps.cli", *rerun], capture_output=True,
-                          text=True, timeout=120)
-    assert proc.returncode == 2 and "holds a completed run; add --overwrite" in proc.stderr
-    cli(*rerun, "--overwrite")
-    again = json.loads((tmp_path / "part" / "results.json").read_text())
+    again = json.loads((tmp_path / "full" / "results.json").read_text())
     assert [r["global_accuracy"] for r in again["rounds"]] == \
         [r["global_accuracy"] for r in full["rounds"][:2]]
     assert all(r["clients_state_from_disk"] == [] for r in again["rounds"])
@@ -104,7 +110,10 @@ def test_resuming_again_records_each_override_once(tmp_path, monkeypatch):
         "rounds": [], "summary": {"status": "stopped: test"},
         "invocation": {"experiment": "quickstart", "overrides": first}}))
 
+    cpus = []
+
     def start_server(experiment, overrides, n, out, **kwargs):  # what Flower would run
+        cpus.append(kwargs["total_cpus"])
         server_fn(Context(run_id=1, node_id=0, state=RecordDict(), node_config={}, run_config={
             "experiment": experiment, "overrides": shlex.join(overrides),
             "output-dir": str(out.parent), "run-name": out.name}))
@@ -112,11 +121,12 @@ def test_resuming_again_records_each_override_once(tmp_path, monkeypatch):
 
     monkeypatch.setattr(launcher, "run_experiment", start_server)
     recorded = []
-    for _ in range(2):
-        cli.main(["resume", str(run), "--set", "rounds=3"])
+    for extra in ([], ["--cpus", "1"]):
+        cli.main(["resume", str(run), "--set", "rounds=3", *extra])
         recorded.append(json.loads((run / "results.json").read_text())["invocation"]["overrides"])
     keys = [item.split("=")[0] for item in shlex.split(recorded[1])]
     assert recorded[0] == recorded[1] and len(keys) == len(set(keys))
+    assert cpus == [None, 1]  # --cpus caps the Ray of this run only; it is no override
     assert dict(item.split("=", 1) for item in shlex.split(recorded[1])) == {
         "rounds": "3", "output.run-name": "r", "output.output-dir": str(tmp_path),
         "output.resume": "true"}

@@ -17,8 +17,10 @@ LINES = [  # what the launcher's `show` sees, in order, with the seconds to wait
 ]
 
 
-def fake_run(accuracy=(0.4, 0.5), lines=LINES):
-    def run_experiment(experiment, sets, num_supernodes, run_dir, show):
+def fake_run(accuracy=(0.4, 0.5), lines=LINES, cpus=None):
+    def run_experiment(experiment, sets, num_supernodes, run_dir, show, total_cpus=None):
+        if cpus is not None:
+            cpus.append(total_cpus)
         for wait, line in lines:
             time.sleep(wait)
             show(line)
@@ -51,14 +53,17 @@ def test_a_run_without_its_marks_is_an_error(tmp_path, monkeypatch):
 
 
 def test_report_and_the_same_numbers_check(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(startup, "run_experiment", fake_run())
+    cpus = []
+    monkeypatch.setattr(startup, "run_experiment", fake_run(cpus=cpus))
     assert startup.main(["--repeats", "1", "--out", str(tmp_path)]) == 0
+    assert cpus == [None, None, None, None, 1, 1]  # alone, side by side, one CPU each
     text = capsys.readouterr().out
     assert "| ray, actors, handshake |" in text and "| two runs one after the other |" in text
+    assert "| two side by side, one CPU each | ratio |" in text
     (report,) = tmp_path.glob("startup-*/startup.json")
     res = json.loads(report.read_text())
     assert len(res["runs_alone"]) == 2 and len(res["pairs"]) == 1
-    calls = iter([(0.4, 0.5)] * 3 + [(0.4, 0.6)])  # the fourth run differs
+    calls = iter([(0.4, 0.5)] * 3 + [(0.4, 0.6)] + [(0.4, 0.5)] * 2)  # the fourth differs
 
     def differing(*args, **kwargs):
         return fake_run(accuracy=next(calls))(*args, **kwargs)
