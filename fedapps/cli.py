@@ -34,11 +34,11 @@ PULL_HELP = ("SECONDS (0.05-3): the SuperNode pulls for work this often while id
 
 
 CPUS_HELP = ("CPUs the run's Ray may use (default: all of this machine's); one client trains "
-             "per CPU, so with 1 the run leaves the other cores to other work (two runs side "
-             "by side on 2 cores: 56 -> 44 s, docs/PERFORMANCE.md)")
+             "per CPU, so with 1 the run leaves the other cores to other work (two quick runs "
+             "side by side on 2 cores: 42-46 s instead of 47-57 s, docs/PERFORMANCE.md)")
 
 
-def cpu_count(text: str) -> int:
+def cpus_arg(text: str) -> int:
     """argparse type of --cpus: a whole number, at least 1."""
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: a whole number of CPUs, at least 1")
@@ -67,7 +67,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, Any]:
             s.add_argument("--verbose", action="store_true", help="show Flower's whole log")
             s.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
             s.add_argument("--ray-address", default=None, metavar="HOST:PORT", help=RAY_HELP)
-            s.add_argument("--cpus", type=cpu_count, default=None, metavar="N", help=CPUS_HELP)
+            s.add_argument("--cpus", type=cpus_arg, default=None, metavar="N", help=CPUS_HELP)
     d = sub.add_parser("deploy-local", help="run an experiment on a real SuperLink + SuperNodes "
                        "(separate processes, loopback gRPC/HTTP)")
     d.add_argument("experiment", help="preset in conf/experiment (see `fedapps list`)")
@@ -112,7 +112,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, Any]:
                         "output.plots, federation.round-timeout and wandb.* may change")
     r.add_argument("--verbose", action="store_true", help="show Flower's whole log")
     r.add_argument("--ray-address", default=None, metavar="HOST:PORT", help=RAY_HELP)
-    r.add_argument("--cpus", type=cpu_count, default=None, metavar="N", help=CPUS_HELP)
+    r.add_argument("--cpus", type=cpus_arg, default=None, metavar="N", help=CPUS_HELP)
     sub.add_parser("list", help="list experiments, datasets, algorithms and grids")
     return p, sub
 
