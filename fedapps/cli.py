@@ -35,7 +35,7 @@ PULL_HELP = ("SECONDS (0.05-3): the SuperNode pulls for work this often while id
 
 CPUS_HELP = ("CPUs the run's Ray may use (default: all of this machine's); one client trains "
              "per CPU, so with 1 the run leaves the other cores to other work (two quick runs "
-             "side by side on 2 cores: 42-46 s instead of 47-57 s, docs/PERFORMANCE.md)")
+             "side by side on 2 cores: 42-46 s instead of 47-48 s, docs/PERFORMANCE.md)")
 
 
 def cpus_arg(text: str) -> int:

@@ -19,7 +19,7 @@ def run(tmp_path, experiment, name, *sets):
     """`fedapps run EXPERIMENT --set ...` into tmp_path/name; returns (process, results.json).
     On one CPU: the runs of a module go two at a time (tests/background.py), and two runs of
     one Ray actor each finish sooner on the 2-core CI machine than two of two actors (42-46 s
-    against 47-57 s, docs/PERFORMANCE.md); a run alone takes as long either way."""
+    against 47-48 s, docs/PERFORMANCE.md); a run alone takes as long either way."""
     cmd = [sys.executable, "-m", "fedapps.cli", "run", experiment, "--cpus", "1"]
     for item in (*sets, f"output.output-dir={tmp_path}", f"output.run-name={name}"):
         cmd += ["--set", item]
