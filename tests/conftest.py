@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,12 @@ SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # Runs start from background threads (tests/background.py) while tests in the main thread
+    # change the environment. With vfork, a child started without `env=` execs from the
+    # parent's live `environ`, which a concurrent setenv can free: exec fails with EFAULT
+    # ("Bad address"; once in CI). fork gives the child its own copy. Python's own switch:
+    # https://docs.python.org/3/library/subprocess.html#disabling-use-of-vfork-or-posix-spawn
+    subprocess._USE_VFORK = False
     os.environ.setdefault("FEDAPPS_CACHE", str(Path(config.rootpath) / ".pytest_cache" / "fedapps"))
     os.environ["WANDB_MODE"] = os.environ.get("WANDB_MODE", "offline")
     os.environ["WANDB_SILENT"] = "true"
