@@ -12,7 +12,7 @@ from flwr.server import Server, ServerApp, ServerAppComponents, ServerConfig, Si
 from clients.arrays import get_arrays, set_arrays
 from fedapps import checkpoint, rundir
 from fedapps.config import clients_per_round, parse_overrides, squash_overrides, to_container
-from fedapps.data import check_available, clients_hold_test, federated_data
+from fedapps.data import check_available, clients_hold_test, federated_data, params_text
 from fedapps.errors import ConfigError
 from fedapps.evaluation import evaluate_sums, summarize_central
 from fedapps.paths import data_root
@@ -105,9 +105,10 @@ def server_fn(context: Context) -> ServerAppComponents:
                            metric=dataset_task(cfg).metric)
     fed = cfg.federation
     emd = partition["emd"]
-    log(INFO, "[fedapps] %s: %s on %s, %d clients (%d per round), %d rounds, EMD %s -> %s",
-        cfg.experiment, cfg.algorithm, cfg.dataset, fed["num-clients"], clients_per_round(cfg),
-        cfg.rounds, "-" if emd is None else f"{emd:.3f}", out)
+    log(INFO, "[fedapps] %s: %s on %s, %d clients (%d per round), %d rounds, %s (%s), EMD %s "
+        "-> %s", cfg.experiment, cfg.algorithm, cfg.dataset, fed["num-clients"],
+        clients_per_round(cfg), cfg.rounds, partition["partitioner"],
+        params_text(partition["params"]), "-" if emd is None else f"{emd:.3f}", out)
     spec = ALGORITHMS[cfg.algorithm]
     timeout = float(fed["round-timeout"]) if fed["round-timeout"] else None
     strategy = spec.strategy(

@@ -94,7 +94,9 @@ def partition_report(experiment: str, overrides: list[str]) -> dict[str, Any]:
 
 def report_lines(report: dict[str, Any]) -> list[str]:
     """The printed table: one line per client, then `EMD <value>` last (three decimals)."""
-    params = ", ".join(f"{k}={v}" for k, v in report["params"].items()) or "-"
+    from fedapps.data import params_text
+
+    params = params_text(report["params"])
     lines = [f"fedapps: {report['experiment']}: {report['partitioner']} ({params}) on "
              f"{report['dataset']}, {report['num_clients']} clients, {report['num_classes']} "
              f"{report.get('grouping', 'classes')}, seed {report['seed']}",

@@ -244,7 +244,11 @@ def test_target_run_and_explicit_run_share_key_and_partition(name, target, expli
                                                                   cache=False)
     assert all(np.array_equal(x, y) for x, y in zip(a.train_idx + a.test_idx,
                                                      b.train_idx + b.test_idx, strict=True))
-    measured = a.summary()["emd"]
+    summary = a.summary()  # results.json's partition: the solved parameters, not the target
+    assert summary["partitioner"] == name and summary["params"] == key["params"]
+    if name == "limit-label-q":
+        assert summary["params"]["q"] == pytest.approx(0.9)  # EMD/2 + t/M = 0.7 + 2/10
+    measured = summary["emd"]
     # digits' classes are uneven (174-183 of each): closed forms hold to rounding; Dirichlet
     # is one draw about the mean
     assert measured == pytest.approx(target, abs=0.1 if name == "dirichlet" else 0.03)

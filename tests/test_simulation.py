@@ -95,6 +95,11 @@ def test_simulation_writes_the_results_contract(first_run):
     assert s["final_personal_accuracy"] == s["final_global_accuracy"]  # FedAvg: P = G
     # the whole pool is evaluated: local test splits add up to ~25% of 1,797 digits
     assert doc["rounds"][-1]["eval_samples"] == sum(doc["partition"]["test_sizes"])
+    # the split as it ran, also in the run's first line (the solved values for a target EMD)
+    part = doc["partition"]
+    assert part["partitioner"] == "dirichlet" and part["params"]["alpha"] == 0.5
+    assert ("10 clients (5 per round), 3 rounds, dirichlet (alpha=0.5, balance=none, "
+            "min_size=10), EMD 0.767 -> ") in proc.stdout
     for f in ("config.yaml", "metrics.csv", "accuracy.png"):
         assert (tmp / "a" / f).is_file()
     (env,) = doc["environments"]  # this machine's, as the ServerApp process saw it

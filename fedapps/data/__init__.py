@@ -61,7 +61,7 @@ __all__ = ["DATASETS", "LOCAL_TESTS", "PARTITIONERS", "TRANSFORMS", "ClientData"
            "DatasetInfo", "FederatedData", "Normalizer", "Param", "Partitioner", "Pool",
            "Transform", "apply_transforms", "check_available", "clients_hold_test",
            "federated_data", "make_federated",
-           "partition_key", "partition_params", "validate_partition_settings",
+           "params_text", "partition_key", "partition_params", "validate_partition_settings",
            "validate_transform_settings"]
 
 
@@ -168,10 +168,18 @@ class FederatedData:
                                                                  strict=True)]}[split]
         return class_counts(parts, labels, self.pool.num_classes)
 
+    def ran_with(self) -> dict:
+        """{"partitioner", "params"} from the partition key (empty without one)."""
+        if "partitioner" not in self.key:
+            return {}
+        return {"partitioner": self.key["partitioner"], "params": dict(self.key["params"])}
+
     def summary(self) -> dict:
         """Partition facts recorded in results.json (regression: sizes, target scale;
-        detection: sizes, boxes per client)."""
-        sizes = {"train_sizes": [len(t) for t in self.train_idx],
+        detection: sizes, boxes per client), with the partitioner and the parameters it ran
+        with: for `data.target-emd` the solved ones (q, alpha, f), which the run's config.yaml
+        does not hold."""
+        sizes = {**self.ran_with(), "train_sizes": [len(t) for t in self.train_idx],
                  "test_sizes": [len(t) for t in self.test_idx]}
         if self.pool.labels() is None:
             total = [a + b for a, b in zip(sizes["train_sizes"], sizes["test_sizes"],
@@ -238,6 +246,11 @@ def partition_params(cfg: DictConfig, with_data: bool = True) -> dict[str, Any]:
     if target is None:
         return params
     return resolve_params(name, params, target, _solve_context(cfg, with_data))
+
+
+def params_text(params: dict[str, Any]) -> str:
+    """`k=v, ...` of a partitioner's parameters, as run logs and `fedapps partition` show them."""
+    return ", ".join(f"{k}={v}" for k, v in params.items()) or "-"
 
 
 def partition_key(cfg: DictConfig) -> dict:
