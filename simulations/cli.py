@@ -82,7 +82,7 @@ def partition_report(experiment: str, overrides: list[str]) -> dict[str, Any]:
         counts = fd.counts("all")
     return {
         "experiment": experiment, "dataset": str(cfg.dataset),
-        "partitioner": fd.key["partitioner"], "params": fd.key["params"], "seed": int(cfg.seed),
+        **fd.ran_with(), "seed": int(cfg.seed),
         "num_clients": fd.num_clients, "num_classes": int(counts.shape[1]), "grouping": grouping,
         "sizes": [len(p) for p in parts],  # samples (images); counts may be boxes
         "train_sizes": [len(t) for t in fd.train_idx], "test_sizes": [len(t) for t in fd.test_idx],
