@@ -49,7 +49,8 @@ def _reproduce(args: argparse.Namespace) -> int:
                     runner, table_only=args.table_only,
                     only=[c for c in args.cells.split(",") if c] if args.cells else (),
                     jobs=jobs, on_interrupt=lambda: terminate(descendants(os.getpid())),
-                    paired_against=args.paired_against)
+                    paired_against=args.paired_against,
+                    keep_root=Path(args.keep).resolve() if args.keep else None)
     print(f"fedapps: table and plots in {out}")
     return 0
 
@@ -201,6 +202,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--paired-against", default=None, metavar="LABEL",
                    help="also write paired.md: every cell's per-seed differences from this "
                         "cell, with paired t-test and exact sign-flip p-values")
+    r.add_argument("--keep", default=None, metavar="DIR",
+                   help="copy the finished runs (these seeds and cells) to DIR/<grid>/ as "
+                        "config.yaml, metrics.csv and results.json.gz, never replacing a run "
+                        "kept there; --table-only --output-dir DIR tabulates and plots them")
     r.add_argument("--ray-address", default=None, metavar="HOST:PORT", help=app_cli.RAY_HELP)
     r.add_argument("--restart-unfinished", action="store_true",
                    help="start an interrupted run again from scratch (new run id) instead of "

@@ -10,14 +10,15 @@ never redone, so an interrupted grid resumes where it stopped. What the runner d
 it finds unfinished is the runner's (simulations/cli.py: continue it from its checkpoint when
 its settings allow, fedapps/rundir.py RESUME_UNFINISHED, else start it again from scratch with
 a new run id, REDO_UNFINISHED); a run another process holds is skipped. The table and plots
-are rebuilt from whatever runs exist.
+are rebuilt from whatever runs exist, runs in outputs/ or kept ones (`--keep DIR` copies
+finished runs into DIR in the kept form, simulations/kept_runs.py; `--table-only --output-dir
+DIR` tabulates and plots them).
 """
 
 from __future__ import annotations
 
 import glob
 import itertools
-import json
 import math
 import threading
 from collections.abc import Callable, Sequence
@@ -36,6 +37,7 @@ from fedapps.paths import CONF_DIR
 from fedapps.preflight import check_device, check_output_dir
 from fedapps.rundir import RunCompleted, RunDirBusy
 from fedapps.validation import validate
+from simulations.kept_runs import keep_run, read_results
 
 # (summary key without the metric, column name): accuracies in %, R^2 as it is
 METRICS = (("best_global", "best G"), ("best_personal", "best P"), ("final_global", "final G"),
@@ -157,12 +159,15 @@ def run_dir_for(out_root: Path, grid: Grid, cell: dict[str, Any], seed: int) -> 
     return out_root / grid.name / f"{label}-s{seed}"
 
 
+def completed_results(run_dir: Path) -> dict[str, Any] | None:
+    """A finished run's results (results.json, or a kept run's results.json.gz); None for a
+    run that is unfinished, failed or absent."""
+    doc = read_results(run_dir)
+    return doc if doc is not None and doc.get("summary", {}).get("status") == "completed" else None
+
+
 def is_complete(run_dir: Path) -> bool:
-    try:
-        doc = json.loads((run_dir / "results.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        return False
-    return doc.get("summary", {}).get("status") == "completed"
+    return completed_results(run_dir) is not None
 
 
 Runner = Callable[[str, list[str], int, Path], str]
@@ -184,6 +189,39 @@ def split_cells(pieces: Sequence[str], labels: Sequence[str]) -> list[str]:
     return out
 
 
+def selected_cells(grid: Grid, only: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """The grid's cells, or those `--cells` names (its pieces joined back into labels); a name
+    that is no cell of the grid is a one-line error listing the cells."""
+    labels = [cell_label(c) for c in grid.cells()]
+    named = split_cells(only, labels)
+    unknown = sorted(set(named) - set(labels))
+    if unknown:
+        raise ConfigError(f"--cells {','.join(unknown)}: not a cell of grid {grid.name}; cells: "
+                          f"{', '.join(labels)}")
+    return [c for c in grid.cells() if not named or cell_label(c) in named]
+
+
+def keep_runs(grid: Grid, out_root: Path, keep_root: Path, only: Sequence[str] = (),
+              log: Callable[[str], None] = print) -> list[Path]:
+    """Copy the finished runs of the grid's seeds (and `only`'s cells) from <out_root>/<grid>/
+    to <keep_root>/<grid>/ in the kept form (simulations/kept_runs.py); returns the runs newly
+    kept. A run kept before is left as it is, an unfinished one is named and skipped."""
+    kept = []
+    for cell in selected_cells(grid, only):
+        for seed in grid.seeds:
+            src = run_dir_for(out_root, grid, cell, seed)
+            dst = run_dir_for(keep_root, grid, cell, seed)
+            if not is_complete(src):
+                if src.exists():
+                    log(f"keep: {src.name}: not finished, not kept")
+            elif not keep_run(src, dst):
+                log(f"keep: {src.name}: kept earlier in {dst.parent}, left as it is")
+            else:
+                log(f"keep: {src.name} -> {dst}")
+                kept.append(dst)
+    return kept
+
+
 def run_grid(grid: Grid, overrides: Sequence[str], out_root: Path, runner: Runner,
              log: Callable[[str], None] = print, only: Sequence[str] = (), jobs: int = 1,
              on_interrupt: Callable[[], None] = lambda: None,
@@ -196,17 +234,10 @@ def run_grid(grid: Grid, overrides: Sequence[str], out_root: Path, runner: Runne
     """
     if jobs < 1:
         raise ConfigError(f"--jobs {jobs}: must be at least 1")
-    labels = [cell_label(c) for c in grid.cells()]
-    only = split_cells(only, labels)
-    unknown = sorted(set(only) - set(labels))
-    if unknown:
-        raise ConfigError(f"--cells {','.join(unknown)}: not a cell of grid {grid.name}; cells: "
-                          f"{', '.join(labels)}")
+    cells = selected_cells(grid, only)
     check_output_dir(out_root / grid.name, "--output-dir")
     plan = []
-    for cell in grid.cells():
-        if only and cell_label(cell) not in only:
-            continue
+    for cell in cells:
         for seed in grid.seeds:
             # the command line's overrides sit between the grid's and the cell's, as before
             own = grid.cell_sets(cell)[len(grid.overrides):]
@@ -284,8 +315,8 @@ def collect(grid: Grid, out_root: Path) -> dict[str, list[dict[str, Any]]]:
                       key=lambda p: p.name)
         docs = []
         for r in runs:
-            if r.name[len(prefix) + 2:].isdigit() and is_complete(r):
-                doc = json.loads((r / "results.json").read_text())
+            doc = completed_results(r) if r.name[len(prefix) + 2:].isdigit() else None
+            if doc is not None:
                 doc["seed"] = int(r.name[len(prefix) + 2:])  # pairs runs across cells
                 docs.append(doc)
         if docs:
@@ -482,10 +513,13 @@ def reproduce(name: str, seeds: int | Sequence[int] | None, overrides: Sequence[
               runner: Runner, log: Callable[[str], None] = print,
               table_only: bool = False, only: Sequence[str] = (), jobs: int = 1,
               on_interrupt: Callable[[], None] = lambda: None,
-              paired_against: str | None = None) -> Path:
+              paired_against: str | None = None, keep_root: Path | None = None) -> Path:
     """Run (or resume) a grid, then write table.md and plots under <out_root>/<grid>/.
 
     `table_only` tabulates the finished runs already on disk without starting any.
+    `keep_root` (`--keep DIR`) then copies the finished runs of the seeds and cells asked for
+    to <keep_root>/<grid>/ in the kept form (config.yaml, metrics.csv, results.json.gz), which
+    `--table-only --output-dir DIR` tabulates and plots like runs in outputs/.
     `paired_against` (or the grid's `paired-against`) names a cell: paired.md then gives every
     other cell's per-seed differences from it with paired tests (simulations/paired.py); a
     grid's `paired: [[cell, baseline], ...]` names the pairs instead.
@@ -495,8 +529,13 @@ def reproduce(name: str, seeds: int | Sequence[int] | None, overrides: Sequence[
         raise ConfigError(f"--seeds {seeds}: must be >= 1 (runs seeds 0..N-1)")
     if seeds is not None:
         grid.seeds = list(range(seeds)) if isinstance(seeds, int) else list(seeds)
+    if keep_root is not None and keep_root.resolve() == out_root.resolve():
+        raise ConfigError(f"--keep {keep_root}: the runs are already there (--output-dir); "
+                          "keep them in another folder, e.g. docs/results")
     if not table_only:
         run_grid(grid, overrides, out_root, runner, log, only, jobs, on_interrupt)
+    if keep_root is not None:
+        keep_runs(grid, out_root, keep_root, only, log)
     by_cell = collect(grid, out_root)
     out = out_root / grid.name
     out.mkdir(parents=True, exist_ok=True)

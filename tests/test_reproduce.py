@@ -72,6 +72,84 @@ def test_grid_resumes_without_rerunning_finished_runs(tmp_path):
     assert len(runs) == 4
 
 
+def test_kept_runs_tabulate_and_plot_as_the_runs_they_came_from(tmp_path):
+    """--keep copies a finished run's numbers (no checkpoint) with results.json gzipped; the
+    grid reads the kept folder as it reads outputs/, and keeping again replaces nothing."""
+    import gzip
+
+    from simulations.reproduce import keep_runs
+
+    out, kept = tmp_path / "out", tmp_path / "kept"
+    run_grid(GRID, [], out, FakeRunner(VALUES), log=lambda s: None)
+    for run in (out / "g").iterdir():
+        (run / "config.yaml").write_text(f"seed: {run.name[-1]}\n")
+        (run / "metrics.csv").write_text("round,global_accuracy\n")
+        (run / "checkpoint.npz").write_bytes(b"not kept")
+    (out / "g" / "fedreb-s1" / "results.json").write_text(json.dumps(fake_doc(0.1, 0.1,
+                                                                             "running")))
+    said = []
+    new = keep_runs(GRID, out, kept, log=said.append)
+    assert sorted(p.name for p in new) == ["fedavg-s0", "fedavg-s1", "fedreb-s0"]
+    assert "keep: fedreb-s1: not finished, not kept" in said
+    run = kept / "g" / "fedavg-s1"
+    assert sorted(p.name for p in run.iterdir()) == ["config.yaml", "metrics.csv",
+                                                     "results.json.gz"]
+    raw = (out / "g" / "fedavg-s1" / "results.json").read_bytes()
+    packed = (run / "results.json.gz").read_bytes()
+    assert gzip.decompress(packed) == raw and len(packed) < len(raw)
+    assert (run / "config.yaml").read_text() == "seed: 1\n"
+    assert collect(GRID, kept) == collect(GRID, out)  # fedreb-s1 unfinished in both
+
+    # the finished rerun is kept; what was kept before stays byte for byte
+    (out / "g" / "fedreb-s1" / "results.json").write_text(json.dumps(fake_doc(0.89, 0.99)))
+    (out / "g" / "fedavg-s1" / "results.json").write_text(json.dumps(fake_doc(0.5, 0.5)))
+    said.clear()
+    assert [p.name for p in keep_runs(GRID, out, kept, ["fedreb"], said.append)] == ["fedreb-s1"]
+    assert said == ["keep: fedreb-s0: kept earlier in " + str(kept / "g") + ", left as it is",
+                    "keep: fedreb-s1 -> " + str(kept / "g" / "fedreb-s1")]
+    assert (run / "results.json.gz").read_bytes() == packed
+    by_cell = collect(GRID, kept)
+    assert by_cell["fedreb"] == collect(GRID, out)["fedreb"]
+    assert [d["summary"]["best_global_accuracy"] for d in by_cell["fedavg"]] == [0.80, 0.84]
+
+    # the same run kept twice gives the same bytes (no name or time in the gzip header)
+    keep_runs(GRID, out, tmp_path / "again", log=lambda s: None)
+    assert (tmp_path / "again" / "g" / "fedreb-s0" / "results.json.gz").read_bytes() == \
+        (kept / "g" / "fedreb-s0" / "results.json.gz").read_bytes()
+
+
+def test_a_kept_run_that_cannot_be_read_is_not_a_finished_run(tmp_path):
+    from simulations.kept_runs import read_results
+    from simulations.reproduce import is_complete
+
+    run = tmp_path / "r"
+    run.mkdir()
+    assert read_results(run) is None
+    (run / "results.json.gz").write_bytes(b"\x1f\x8b not gzip")
+    assert read_results(run) is None and not is_complete(run)
+    (run / "results.json").write_text(json.dumps(fake_doc(0.5, 0.5)))  # an unzipped copy wins
+    assert is_complete(run)
+
+
+def test_reproduce_keeps_through_the_command_line(tmp_path, capsys):
+    """`fedapps reproduce GRID --table-only --keep DIR`, then `--table-only --output-dir DIR`
+    gives the same table; keeping into the runs' own folder is a one-line error."""
+    from simulations.cli import main
+
+    out, kept = tmp_path / "out", tmp_path / "kept"
+    (out / "quickstart" / "run-s1").mkdir(parents=True)
+    (out / "quickstart" / "run-s1" / "results.json").write_text(json.dumps(fake_doc(0.7, 0.8)))
+    base = ["reproduce", "quickstart", "--seeds", "1-1", "--table-only"]
+    assert main([*base, "--output-dir", str(out), "--keep", str(kept)]) == 0
+    assert f"keep: run-s1 -> {kept / 'quickstart' / 'run-s1'}" in capsys.readouterr().out
+    assert main([*base, "--output-dir", str(kept)]) == 0
+    assert (kept / "quickstart" / "table.md").read_text() == \
+        (out / "quickstart" / "table.md").read_text()
+    assert (kept / "quickstart" / "curves.png").is_file()
+    assert main([*base, "--output-dir", str(out), "--keep", str(out)]) == 2
+    assert "--keep" in capsys.readouterr().err
+
+
 def test_table_mean_and_sample_std(tmp_path):
     run_grid(GRID, [], tmp_path, FakeRunner(VALUES), log=lambda s: None)
     md = table(collect(GRID, tmp_path), GRID)
