@@ -462,6 +462,39 @@ def lines_along(grid: Grid, by_cell: dict[str, list[dict[str, Any]]], axis: str
     return lines
 
 
+def axis_table(grid: Grid, by_cell: dict[str, list[dict[str, Any]]], axis: str) -> str:
+    """The best-by-axis plot as numbers: one row per setting of the other axes, one column per
+    value of `axis`, each run's best headline metric (official test, else G), mean ± sample
+    std over seeds; where the axis is a target a split only approaches (data.target-emd), the
+    value reached, mean over the seeds, in brackets."""
+    from fedapps.plots import REACHED, run_metric
+
+    metric = run_metric(by_cell)
+    docs_all = [d for docs in by_cell.values() for d in docs]
+    official = any(f"best_official_test_{metric}" in d["summary"] for d in docs_all)
+    key = f"best_{'official_test' if official else 'global'}_{metric}"
+    head, scale = next((name, sc) for k, name, sc in columns(metric, official) if k == key)
+    reached = REACHED.get(axis, (None, ""))[0]
+    values = sorted({float(v) for v in grid.axes[axis]})
+    lines = [f"| {head} by {axis} | {' | '.join(f'{v:g}' for v in values)} |",
+             "|" + " --- |" * (len(values) + 1)]
+    for name, points in lines_along(grid, by_cell, axis).items():
+        at = dict(points)
+        row = []
+        for v in values:
+            runs = [d["summary"] for d in at.get(v, []) if d["summary"].get(key) is not None]
+            if not runs:
+                row.append("-")
+                continue
+            m, sd = mean_std([scale * r[key] for r in runs])
+            text = f"{m:.2f} ± {sd:.2f}" if len(runs) > 1 else f"{m:.2f}"
+            got = [r.get(reached) for r in runs] if reached else [None]
+            row.append(text if None in got else f"{text} ({float(np.mean(got)):.3f})")
+        lines.append(f"| {name} | {' | '.join(row)} |")
+    note = f" (in brackets: the {reached.upper()} reached, mean over seeds)" if reached else ""
+    return "\n".join(lines) + f"\n\nMean ± sample std over seeds{note}.\n"
+
+
 def plot_all(by_cell: dict[str, list[dict[str, Any]]], out: Path, title: str,
              grid: Grid | None = None) -> list[Path]:
     """The grid's PNGs: curves (per MB too where cells' traffic differs), per-client
@@ -540,6 +573,8 @@ def reproduce(name: str, seeds: int | Sequence[int] | None, overrides: Sequence[
     out = out_root / grid.name
     out.mkdir(parents=True, exist_ok=True)
     md = table(by_cell, grid)
+    for axis in numeric_axes(grid) if by_cell else []:
+        md += "\n" + axis_table(grid, by_cell, axis)
     (out / "table.md").write_text(f"# {grid.name}\n\n{md}")
     if by_cell:
         plot_all(by_cell, out, grid.name, grid)

@@ -308,8 +308,9 @@ def test_curves_per_mb_of_training_traffic_when_cells_move_different_traffic(tmp
 
 
 def test_best_metric_against_a_numeric_axis_at_the_reached_emd(tmp_path):
+    """best_by_<axis>.png and its table: x at the EMD the splits reached, not the target."""
     from fedapps.plots import best_points
-    from simulations.reproduce import lines_along, numeric_axes, plot_all
+    from simulations.reproduce import axis_table, lines_along, numeric_axes, plot_all
 
     assert numeric_axes(load_grid("thesis-fig3.4-fmnist")) == ["data.target-emd"]
     assert numeric_axes(load_grid("table5.6-fmnist")) == []  # algorithms only
@@ -335,6 +336,12 @@ def test_best_metric_against_a_numeric_axis_at_the_reached_emd(tmp_path):
     # a run that does not report the reached value sits at the axis value
     assert best_points(lines["data.partitioner=limit-label"], "best_global_accuracy", 100.0,
                        "emd") == [(1.2, 60.0, 60.0, 60.0, 1)]
+    # table.md gives the same points as numbers: mean ± std over seeds, the reached EMD after
+    assert axis_table(grid, by_cell, "data.target-emd") == (
+        "| best G by data.target-emd | 0.8 | 1.2 |\n| --- | --- | --- |\n"
+        "| data.partitioner=dirichlet | 85.00 ± 7.07 (0.770) | 70.00 (1.100) |\n"
+        "| data.partitioner=limit-label | - | 60.00 |\n\n"
+        "Mean ± sample std over seeds (in brackets: the EMD reached, mean over seeds).\n")
     paths = plot_all(by_cell, tmp_path, "g", grid)
     assert "best_by_data.target-emd.png" in [p.name for p in paths]
     assert (tmp_path / "best_by_data.target-emd.png").stat().st_size > 2000
