@@ -48,7 +48,10 @@ def keep_run(run_dir: Path, kept_dir: Path) -> bool:
     for name in KEPT_FILES:
         if (run_dir / name).is_file():
             shutil.copyfile(run_dir / name, kept_dir / name)
-    packed = gzip.compress((run_dir / RESULTS).read_bytes(), compresslevel=9, mtime=0)
+    if (run_dir / RESULTS).is_file():
+        packed = gzip.compress((run_dir / RESULTS).read_bytes(), compresslevel=9, mtime=0)
+    else:  # kept already (a kept folder copied on): as it is
+        packed = (run_dir / KEPT_RESULTS).read_bytes()
     tmp = kept_dir / f".{KEPT_RESULTS}.tmp"
     tmp.write_bytes(packed)
     os.replace(tmp, kept_dir / KEPT_RESULTS)

@@ -113,9 +113,12 @@ def test_kept_runs_tabulate_and_plot_as_the_runs_they_came_from(tmp_path):
     assert [d["summary"]["best_global_accuracy"] for d in by_cell["fedavg"]] == [0.80, 0.84]
 
     # the same run kept twice gives the same bytes (no name or time in the gzip header)
+    # and a kept folder kept on elsewhere copies its files as they are
     keep_runs(GRID, out, tmp_path / "again", log=lambda s: None)
-    assert (tmp_path / "again" / "g" / "fedreb-s0" / "results.json.gz").read_bytes() == \
-        (kept / "g" / "fedreb-s0" / "results.json.gz").read_bytes()
+    keep_runs(GRID, kept, tmp_path / "on", log=lambda s: None)
+    for root in (tmp_path / "again", tmp_path / "on"):
+        assert (root / "g" / "fedreb-s0" / "results.json.gz").read_bytes() == \
+            (kept / "g" / "fedreb-s0" / "results.json.gz").read_bytes()
 
 
 def test_a_kept_run_that_cannot_be_read_is_not_a_finished_run(tmp_path):
