@@ -59,6 +59,13 @@ def columns(metric: str, official: bool) -> list[tuple[str, str, float]]:
     return cols + (list(COSTS) if official else [])
 
 
+def has_official(by_cell: dict[str, list[dict[str, Any]]], metric: str) -> bool:
+    """Whether any run reports the official test split (model-heterogeneous methods): its
+    columns are added and it becomes the headline."""
+    return any(f"best_official_test_{metric}" in d["summary"]
+               for docs in by_cell.values() for d in docs)
+
+
 @dataclass
 class Grid:
     name: str
@@ -374,8 +381,7 @@ def table(by_cell: dict[str, list[dict[str, Any]]], grid: Grid) -> str:
     from fedapps.plots import run_metric
 
     metric = run_metric(by_cell)
-    metrics = columns(metric, any(f"best_official_test_{metric}" in d["summary"]
-                                  for docs in by_cell.values() for d in docs))
+    metrics = columns(metric, has_official(by_cell, metric))
     scale = metric_scale(metric)
     metrics += [(f"@{share:g}", f"best within {100 * share:g}% of rounds", scale)
                 for share in grid.budgets]
@@ -470,8 +476,7 @@ def axis_table(grid: Grid, by_cell: dict[str, list[dict[str, Any]]], axis: str) 
     from fedapps.plots import REACHED, run_metric
 
     metric = run_metric(by_cell)
-    docs_all = [d for docs in by_cell.values() for d in docs]
-    official = any(f"best_official_test_{metric}" in d["summary"] for d in docs_all)
+    official = has_official(by_cell, metric)
     key = f"best_{'official_test' if official else 'global'}_{metric}"
     head, scale = next((name, sc) for k, name, sc in columns(metric, official) if k == key)
     reached = REACHED.get(axis, (None, ""))[0]
@@ -562,9 +567,11 @@ def reproduce(name: str, seeds: int | Sequence[int] | None, overrides: Sequence[
         raise ConfigError(f"--seeds {seeds}: must be >= 1 (runs seeds 0..N-1)")
     if seeds is not None:
         grid.seeds = list(range(seeds)) if isinstance(seeds, int) else list(seeds)
-    if keep_root is not None and keep_root.resolve() == out_root.resolve():
-        raise ConfigError(f"--keep {keep_root}: the runs are already there (--output-dir); "
-                          "keep them in another folder, e.g. docs/results")
+    if keep_root is not None:  # checked before hours of runs, not after them
+        if keep_root.resolve() == out_root.resolve():
+            raise ConfigError(f"--keep {keep_root}: the runs are already there (--output-dir); "
+                              "keep them in another folder, e.g. docs/results")
+        check_output_dir(keep_root / grid.name, "--keep")
     if not table_only:
         run_grid(grid, overrides, out_root, runner, log, only, jobs, on_interrupt)
     if keep_root is not None:
@@ -586,10 +593,9 @@ def reproduce(name: str, seeds: int | Sequence[int] | None, overrides: Sequence[
         from simulations.paired import comparisons, paired_table
 
         metric = run_metric(by_cell)
-        official = any(f"best_official_test_{metric}" in d["summary"]
-                       for docs in by_cell.values() for d in docs)
         paired = paired_table(by_cell, comparisons(by_cell, baseline, given),
-                              columns(metric, official)[:6] + tail_column(by_cell, grid, metric))
+                              columns(metric, has_official(by_cell, metric))[:6]
+                              + tail_column(by_cell, grid, metric))
         (out / "paired.md").write_text(
             f"# {grid.name}: paired differences\n\n{paired}\n"
             "Mean ± sample std over the seeds both cells completed; two-sided p of the paired "

@@ -151,6 +151,10 @@ def test_reproduce_keeps_through_the_command_line(tmp_path, capsys):
     assert (kept / "quickstart" / "curves.png").is_file()
     assert main([*base, "--output-dir", str(out), "--keep", str(out)]) == 2
     assert "--keep" in capsys.readouterr().err
+    (tmp_path / "a-file").write_text("")  # a folder that cannot be made: named in one line
+    assert main([*base, "--output-dir", str(out), "--keep", str(tmp_path / "a-file")]) == 2
+    assert f"--keep='{tmp_path / 'a-file' / 'quickstart'}': cannot write there" in \
+        capsys.readouterr().err
 
 
 def test_table_mean_and_sample_std(tmp_path):
