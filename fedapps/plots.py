@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import itertools
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import matplotlib
 import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+
+from fedapps.metrics import mean_std  # noqa: E402
 
 # How each task metric is shown: (scale, axis label)
 METRIC_AXES = {"accuracy": (100.0, "accuracy (%)"),
@@ -174,15 +176,24 @@ def plot_curves_with_bands(by_cell: dict[str, list[dict[str, Any]]], path: Path,
 # plot puts each point at the reached value's mean, as a Dirichlet split misses its target EMD
 REACHED = {"data.target-emd": ("emd", "EMD (reached, mean over seeds)")}
 
-# (x, mean, min, max, runs) of one point of a best-by-axis line
-Point = tuple[float, float, float, float, int]
+class Point(NamedTuple):
+    """One point of a best-by-axis line: the runs' best metric at one axis value."""
+
+    value: float  # the axis value (e.g. the target EMD)
+    x: float  # where it is drawn: the mean reached value where every run reports it, else value
+    mean: float
+    std: float  # sample std over the runs (0 for one)
+    lo: float
+    hi: float
+    n: int  # runs
+    reached: bool  # x is the reached value's mean
 
 
 def best_points(points: list[tuple[float, list[dict[str, Any]]]], key: str, scale: float,
                 reached: str | None = None) -> list[Point]:
     """A line's points, sorted by x: its runs' summary `key` (a best metric) at each axis
-    value, mean, min and max over the runs that have it; x is the mean of those runs' summary
-    `reached` where every one reports it, else the axis value."""
+    value, mean, std, min and max over the runs that have it; x is the mean of those runs'
+    summary `reached` where every one reports it, else the axis value."""
     out = []
     for value, docs in points:
         runs = [d["summary"] for d in docs if d["summary"].get(key) is not None]
@@ -190,9 +201,11 @@ def best_points(points: list[tuple[float, list[dict[str, Any]]]], key: str, scal
             continue
         ys = [scale * s[key] for s in runs]
         got = [s.get(reached) for s in runs] if reached else [None]
-        x = float(np.mean(got)) if None not in got else float(value)
-        out.append((x, float(np.mean(ys)), min(ys), max(ys), len(ys)))
-    return sorted(out)
+        has = None not in got
+        x = float(np.mean(got)) if has else float(value)
+        mean, std = mean_std(ys)
+        out.append(Point(float(value), x, mean, std, min(ys), max(ys), len(ys), has))
+    return sorted(out, key=lambda p: p.x)
 
 
 def plot_best_by_axis(lines: dict[str, list[tuple[float, list[dict[str, Any]]]]], path: Path,
@@ -213,7 +226,9 @@ def plot_best_by_axis(lines: dict[str, list[tuple[float, list[dict[str, Any]]]]]
             line = best_points(pts, key, scale, reached)
             if not line:
                 continue
-            xs, mean, lo, hi, n = (np.asarray(c) for c in zip(*line, strict=True))
+            xs, mean, lo, hi = (np.asarray([getattr(p, f) for p in line])
+                                for f in ("x", "mean", "lo", "hi"))
+            n = [p.n for p in line]
             label = name if len(counts) == 1 else f"{name} ({min(n)}-{max(n)} seeds)"
             ax.errorbar(xs, mean, yerr=[mean - lo, hi - mean], marker="o", markersize=4,
                         capsize=3, color=f"C{i % 10}", linestyle="-" if i < 10 else "--",

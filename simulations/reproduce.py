@@ -32,7 +32,7 @@ from omegaconf import OmegaConf
 
 from fedapps.config import available, load_config
 from fedapps.errors import ConfigError
-from fedapps.metrics import metric_scale
+from fedapps.metrics import mean_std, metric_scale
 from fedapps.paths import CONF_DIR
 from fedapps.preflight import check_device, check_output_dir
 from fedapps.rundir import RunCompleted, RunDirBusy
@@ -305,12 +305,6 @@ def run_grid(grid: Grid, overrides: Sequence[str], out_root: Path, runner: Runne
     return done
 
 
-def mean_std(values: Sequence[float]) -> tuple[float, float]:
-    """Mean and sample standard deviation (ddof=1; 0 for a single value)."""
-    arr = np.asarray(values, dtype=np.float64)
-    return float(arr.mean()), float(arr.std(ddof=1)) if len(arr) > 1 else 0.0
-
-
 def collect(grid: Grid, out_root: Path) -> dict[str, list[dict[str, Any]]]:
     """Every completed run of each cell found on disk (any seed), grouped by cell label; each
     run's seed (from its directory name) under "seed"."""
@@ -473,7 +467,7 @@ def axis_table(grid: Grid, by_cell: dict[str, list[dict[str, Any]]], axis: str) 
     value of `axis`, each run's best headline metric (official test, else G), mean ± sample
     std over seeds; where the axis is a target a split only approaches (data.target-emd), the
     value reached, mean over the seeds, in brackets."""
-    from fedapps.plots import REACHED, run_metric
+    from fedapps.plots import REACHED, best_points, run_metric
 
     metric = run_metric(by_cell)
     official = has_official(by_cell, metric)
@@ -484,17 +478,15 @@ def axis_table(grid: Grid, by_cell: dict[str, list[dict[str, Any]]], axis: str) 
     lines = [f"| {head} by {axis} | {' | '.join(f'{v:g}' for v in values)} |",
              "|" + " --- |" * (len(values) + 1)]
     for name, points in lines_along(grid, by_cell, axis).items():
-        at = dict(points)
+        at = {p.value: p for p in best_points(points, key, scale, reached)}
         row = []
         for v in values:
-            runs = [d["summary"] for d in at.get(v, []) if d["summary"].get(key) is not None]
-            if not runs:
+            p = at.get(v)
+            if p is None:
                 row.append("-")
                 continue
-            m, sd = mean_std([scale * r[key] for r in runs])
-            text = f"{m:.2f} ± {sd:.2f}" if len(runs) > 1 else f"{m:.2f}"
-            got = [r.get(reached) for r in runs] if reached else [None]
-            row.append(text if None in got else f"{text} ({float(np.mean(got)):.3f})")
+            text = f"{p.mean:.2f} ± {p.std:.2f}" if p.n > 1 else f"{p.mean:.2f}"
+            row.append(f"{text} ({p.x:.3f})" if p.reached else text)
         lines.append(f"| {name} | {' | '.join(row)} |")
     note = f" (in brackets: the {reached.upper()} reached, mean over seeds)" if reached else ""
     return "\n".join(lines) + f"\n\nMean ± sample std over seeds{note}.\n"

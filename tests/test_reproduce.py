@@ -335,14 +335,16 @@ def test_best_metric_against_a_numeric_axis_at_the_reached_emd(tmp_path):
     lines = lines_along(grid, by_cell, "data.target-emd")
     assert {name: [v for v, _ in pts] for name, pts in lines.items()} == {
         "data.partitioner=dirichlet": [0.8, 1.2], "data.partitioner=limit-label": [1.2]}
-    # x = the reached EMD's mean (0.77, not the target 0.8), y = best G in %, min, max, runs
-    (x, mean, lo, hi, n), second = best_points(lines["data.partitioner=dirichlet"],
-                                               "best_global_accuracy", 100.0, "emd")
-    assert (x, mean, lo, hi, n) == (pytest.approx(0.77), pytest.approx(85.0), 80.0, 90.0, 2)
-    assert second == (1.1, pytest.approx(70.0), 70.0, 70.0, 1)
+    # x = the reached EMD's mean (0.77, not the target 0.8), y = best G in %: mean, sample
+    # std, min, max over the runs
+    first, second = best_points(lines["data.partitioner=dirichlet"], "best_global_accuracy",
+                                100.0, "emd")
+    assert first == (0.8, pytest.approx(0.77), pytest.approx(85.0),
+                     pytest.approx(7.0710678), 80.0, 90.0, 2, True)
+    assert second == (1.2, 1.1, pytest.approx(70.0), 0.0, 70.0, 70.0, 1, True)
     # a run that does not report the reached value sits at the axis value
     assert best_points(lines["data.partitioner=limit-label"], "best_global_accuracy", 100.0,
-                       "emd") == [(1.2, 60.0, 60.0, 60.0, 1)]
+                       "emd") == [(1.2, 1.2, 60.0, 0.0, 60.0, 60.0, 1, False)]
     # table.md gives the same points as numbers: mean ± std over seeds, the reached EMD after
     assert axis_table(grid, by_cell, "data.target-emd") == (
         "| best G by data.target-emd | 0.8 | 1.2 |\n| --- | --- | --- |\n"
