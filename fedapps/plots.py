@@ -176,6 +176,7 @@ def plot_curves_with_bands(by_cell: dict[str, list[dict[str, Any]]], path: Path,
 # plot puts each point at the reached value's mean, as a Dirichlet split misses its target EMD
 REACHED = {"data.target-emd": ("emd", "EMD (reached, mean over seeds)")}
 
+
 class Point(NamedTuple):
     """One point of a best-by-axis line: the runs' best metric at one axis value."""
 
