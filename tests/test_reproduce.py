@@ -16,7 +16,6 @@ from simulations.reproduce import (
     cell_label,
     collect,
     load_grid,
-    mean_std,
     run_grid,
     split_cells,
     table,
@@ -271,6 +270,8 @@ def test_a_variant_the_grid_file_does_not_define_is_a_one_line_error(tmp_path, m
 
 
 def test_mean_std_edge_cases():
+    from fedapps.metrics import mean_std
+
     assert mean_std([5.0]) == (5.0, 0.0)
     m, s = mean_std([1.0, 2.0, 3.0, 4.0])
     assert m == 2.5 and s == pytest.approx(1.2909944)
