@@ -22,7 +22,7 @@ from fedapps.errors import ConfigError
 def _reproduce(args: argparse.Namespace) -> int:
     from fedapps.launcher import gpus_per_client, run_experiment
     from fedapps.processes import descendants, terminate
-    from simulations.reproduce import parse_seeds, reproduce
+    from simulations.reproduce import PLOT_KINDS, parse_plots, parse_seeds, reproduce
 
     jobs = args.jobs
     # concurrent runs split the CPUs (each SuperLink's Ray would otherwise claim all of them)
@@ -50,7 +50,8 @@ def _reproduce(args: argparse.Namespace) -> int:
                     only=[c for c in args.cells.split(",") if c] if args.cells else (),
                     jobs=jobs, on_interrupt=lambda: terminate(descendants(os.getpid())),
                     paired_against=args.paired_against,
-                    keep_root=Path(args.keep).resolve() if args.keep else None)
+                    keep_root=Path(args.keep).resolve() if args.keep else None,
+                    plots=parse_plots(args.plots) if args.plots else PLOT_KINDS)
     print(f"fedapps: table and plots in {out}")
     return 0
 
@@ -206,6 +207,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="copy the finished runs (these seeds and cells) to DIR/<grid>/ as "
                         "config.yaml, metrics.csv and results.json.gz, never replacing a run "
                         "kept there; --table-only --output-dir DIR tabulates and plots them")
+    r.add_argument("--plots", default=None, metavar="KIND[,KIND]|none",
+                   help="the PNGs to write: curves (curves.png), transfer "
+                        "(curves_by_transfer.png), best (best_by_<axis>.png), clients "
+                        "(client_accuracy.png), labels (label_distribution.png); default all")
     r.add_argument("--ray-address", default=None, metavar="HOST:PORT", help=app_cli.RAY_HELP)
     r.add_argument("--restart-unfinished", action="store_true",
                    help="start an interrupted run again from scratch (new run id) instead of "

@@ -492,11 +492,28 @@ def axis_table(grid: Grid, by_cell: dict[str, list[dict[str, Any]]], axis: str) 
     return "\n".join(lines) + f"\n\nMean ± sample std over seeds{note}.\n"
 
 
+PLOT_KINDS = ("curves", "transfer", "best", "clients", "labels")
+"""`--plots`' names: curves.png, curves_by_transfer.png, best_by_<axis>.png,
+client_accuracy.png, label_distribution.png."""
+
+
+def parse_plots(text: str) -> tuple[str, ...]:
+    """`--plots curves,best` (or `none`): only these PNGs, so rebuilding a kept folder's table
+    leaves no plot behind that its write-up does not show."""
+    kinds = tuple(k.strip() for k in text.split(",") if k.strip())
+    if kinds == ("none",):
+        return ()
+    unknown = [k for k in kinds if k not in PLOT_KINDS]
+    if unknown or not kinds:
+        raise ConfigError(f"--plots {text}: give none or some of {', '.join(PLOT_KINDS)}")
+    return kinds
+
+
 def plot_all(by_cell: dict[str, list[dict[str, Any]]], out: Path, title: str,
-             grid: Grid | None = None) -> list[Path]:
-    """The grid's PNGs: curves (per MB too where cells' traffic differs), per-client
-    scores, the first run's label heatmap, and, given the grid, each run's best metric
-    against each numeric axis where a line has two or more of its values."""
+             grid: Grid | None = None, kinds: Sequence[str] = PLOT_KINDS) -> list[Path]:
+    """The grid's PNGs of `kinds` (PLOT_KINDS): curves (per MB too where cells' traffic
+    differs), per-client scores, the first run's label heatmap, and, given the grid, each
+    run's best metric against each numeric axis where a line has two or more of its values."""
     from fedapps.plots import (
         plot_best_by_axis,
         plot_client_distribution,
@@ -505,18 +522,21 @@ def plot_all(by_cell: dict[str, list[dict[str, Any]]], out: Path, title: str,
         transfers_differ,
     )
 
-    paths = [plot_curves_with_bands(by_cell, out / "curves.png", title)]
-    if transfers_differ(by_cell):  # e.g. phase-shift against FedAvg: compare at equal traffic
+    paths = []
+    if "curves" in kinds:
+        paths.append(plot_curves_with_bands(by_cell, out / "curves.png", title))
+    if "transfer" in kinds and transfers_differ(by_cell):  # e.g. phase-shift against FedAvg
         paths.append(plot_curves_with_bands(by_cell, out / "curves_by_transfer.png", title,
                                             x="transfer"))
-    for axis in numeric_axes(grid) if grid else []:
+    for axis in numeric_axes(grid) if grid and "best" in kinds else []:
         lines = lines_along(grid, by_cell, axis)
         if any(len(points) > 1 for points in lines.values()):
             paths.append(plot_best_by_axis(lines, out / f"best_by_{axis}.png", title, axis))
-    paths.append(plot_client_distribution(by_cell, out / "client_accuracy.png", title))
+    if "clients" in kinds:
+        paths.append(plot_client_distribution(by_cell, out / "client_accuracy.png", title))
     first = next(iter(by_cell.values()), [])
-    if first and first[0]["partition"].get("class_counts") is not None:  # not for regression
-        part = first[0]["partition"]
+    if "labels" in kinds and first and first[0]["partition"].get("class_counts") is not None:
+        part = first[0]["partition"]  # not for regression
         paths.append(plot_label_heatmap(part["class_counts"], part["emd"],
                                         out / "label_distribution.png"))
     return paths
@@ -543,7 +563,8 @@ def reproduce(name: str, seeds: int | Sequence[int] | None, overrides: Sequence[
               runner: Runner, log: Callable[[str], None] = print,
               table_only: bool = False, only: Sequence[str] = (), jobs: int = 1,
               on_interrupt: Callable[[], None] = lambda: None,
-              paired_against: str | None = None, keep_root: Path | None = None) -> Path:
+              paired_against: str | None = None, keep_root: Path | None = None,
+              plots: Sequence[str] = PLOT_KINDS) -> Path:
     """Run (or resume) a grid, then write table.md and plots under <out_root>/<grid>/.
 
     `table_only` tabulates the finished runs already on disk without starting any.
@@ -552,7 +573,8 @@ def reproduce(name: str, seeds: int | Sequence[int] | None, overrides: Sequence[
     `--table-only --output-dir DIR` tabulates and plots like runs in outputs/.
     `paired_against` (or the grid's `paired-against`) names a cell: paired.md then gives every
     other cell's per-seed differences from it with paired tests (simulations/paired.py); a
-    grid's `paired: [[cell, baseline], ...]` names the pairs instead.
+    grid's `paired: [[cell, baseline], ...]` names the pairs instead. `plots` names the
+    PNGs to write (PLOT_KINDS; `--plots`).
     """
     grid = load_grid(name)
     if isinstance(seeds, int) and seeds < 1:
@@ -576,7 +598,7 @@ def reproduce(name: str, seeds: int | Sequence[int] | None, overrides: Sequence[
         md += "\n" + axis_table(grid, by_cell, axis)
     (out / "table.md").write_text(f"# {grid.name}\n\n{md}")
     if by_cell:
-        plot_all(by_cell, out, grid.name, grid)
+        plot_all(by_cell, out, grid.name, grid, plots)
     log(md)
     baseline = paired_against or grid.paired_against
     given = [] if paired_against else grid.paired

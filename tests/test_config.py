@@ -393,6 +393,8 @@ def _broken_setups(tmp):
      "algo.model (allowed: width-cnn, preresnet18) and algo.hidden"),
     (["reproduce", "quick", "--seeds", "0", "--output-dir", "{tmp}/grids"],
      "--seeds 0: must be >= 1 (runs seeds 0..N-1)"),
+    (["reproduce", "quick", "--plots", "curve", "--output-dir", "{tmp}/grids"],
+     "--plots curve: give none or some of curves, transfer, best, clients, labels"),
     (["node", "--superlink", "127.0.0.1:9", "--partition-id", "0", "--num-partitions", "0"],
      "--num-partitions=0: must be >= 1"),
     (["node", "--superlink", "127.0.0.1:9", "--partition-id", "0", "--num-partitions", "2",
@@ -401,7 +403,7 @@ def _broken_setups(tmp):
       "output.output-dir={tmp}/out"],
      "--pull-interval 0: must be from 0.05 s to Flower's own 3 s"),
 ], ids=["unwritable-output-dir", "truncated-checkpoint", "tls-too-few-node-keys",
-        "run-name-dotdot", "run-name-slash", "fedrolex-model-name", "seeds-0",
+        "run-name-dotdot", "run-name-slash", "fedrolex-model-name", "seeds-0", "plots-curve",
         "node-num-partitions-0", "node-pull-interval-9", "deploy-pull-interval-0"])
 def test_cli_refuses_before_anything_starts(argv, message, tmp_path, capsys, nothing_starts):
     """Each used to fail 20-40 s in, inside Flower, with a traceback (or ran nothing and

@@ -135,7 +135,8 @@ def test_a_kept_run_that_cannot_be_read_is_not_a_finished_run(tmp_path):
 
 def test_reproduce_keeps_through_the_command_line(tmp_path, capsys):
     """`fedapps reproduce GRID --table-only --keep DIR`, then `--table-only --output-dir DIR`
-    gives the same table; keeping into the runs' own folder is a one-line error."""
+    gives the same table (with the plots `--plots` names); keeping into the runs' own folder
+    is a one-line error."""
     from simulations.cli import main
 
     out, kept = tmp_path / "out", tmp_path / "kept"
@@ -144,10 +145,11 @@ def test_reproduce_keeps_through_the_command_line(tmp_path, capsys):
     base = ["reproduce", "quickstart", "--seeds", "1-1", "--table-only"]
     assert main([*base, "--output-dir", str(out), "--keep", str(kept)]) == 0
     assert f"keep: run-s1 -> {kept / 'quickstart' / 'run-s1'}" in capsys.readouterr().out
-    assert main([*base, "--output-dir", str(kept)]) == 0
+    assert main([*base, "--output-dir", str(kept), "--plots", "curves"]) == 0
     assert (kept / "quickstart" / "table.md").read_text() == \
         (out / "quickstart" / "table.md").read_text()
-    assert (kept / "quickstart" / "curves.png").is_file()
+    assert sorted(p.name for p in (kept / "quickstart").glob("*.png")) == ["curves.png"]
+    assert (out / "quickstart" / "client_accuracy.png").is_file()  # default: every plot
     assert main([*base, "--output-dir", str(out), "--keep", str(out)]) == 2
     assert "--keep" in capsys.readouterr().err
     (tmp_path / "a-file").write_text("")  # a folder that cannot be made: named in one line
@@ -285,6 +287,24 @@ def test_plots_are_written(tmp_path):
     assert [p.name for p in paths] == ["curves.png", "client_accuracy.png",
                                        "label_distribution.png"]
     assert all(p.stat().st_size > 2000 for p in paths)
+
+
+def test_plots_names_the_pngs_written(tmp_path):
+    """`--plots curves`: a kept folder's table rebuilt without the PNGs its write-up omits."""
+    from fedapps.errors import ConfigError
+    from simulations.reproduce import parse_plots, plot_all
+
+    assert parse_plots("curves, labels") == ("curves", "labels") and parse_plots("none") == ()
+    for bad in ("curve", "curves,none", ","):
+        with pytest.raises(ConfigError, match="give none or some of curves, transfer"):
+            parse_plots(bad)
+    run_grid(GRID, [], tmp_path, FakeRunner(VALUES), log=lambda s: None)
+    by_cell = collect(GRID, tmp_path)
+    (tmp_path / "some").mkdir()
+    paths = plot_all(by_cell, tmp_path / "some", "g", kinds=("labels", "curves"))
+    assert [p.name for p in paths] == ["curves.png", "label_distribution.png"]
+    assert sorted(p.name for p in (tmp_path / "some").iterdir()) == [p.name for p in paths]
+    assert plot_all(by_cell, tmp_path / "none", "g", kinds=()) == []
 
 
 def test_curves_per_mb_of_training_traffic_when_cells_move_different_traffic(tmp_path):
