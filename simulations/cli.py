@@ -51,7 +51,7 @@ def _reproduce(args: argparse.Namespace) -> int:
                     jobs=jobs, on_interrupt=lambda: terminate(descendants(os.getpid())),
                     paired_against=args.paired_against,
                     keep_root=Path(args.keep).resolve() if args.keep else None,
-                    plots=parse_plots(args.plots) if args.plots else PLOT_KINDS)
+                    plots=parse_plots(args.plots) if args.plots is not None else PLOT_KINDS)
     print(f"fedapps: table and plots in {out}")
     return 0
 
