@@ -666,6 +666,16 @@ def test_cli_continues_an_unfinished_cell_unless_told_to_restart_it(tmp_path, mo
                      ("fedreb-s0", rundir.REDO_UNFINISHED, False)]
 
 
+def test_plots_help_names_every_kind():
+    """The parser names --plots' kinds without importing reproduce (start-up): keep them equal."""
+    from simulations.cli import build_parser
+    from simulations.reproduce import PLOT_KINDS
+
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    plots = next(a for a in sub.choices["reproduce"]._actions if a.dest == "plots")
+    assert all(f"{kind} (" in plots.help for kind in PLOT_KINDS)
+
+
 def test_cli_refuses_a_bad_jobs_count_in_one_line(capsys):
     from simulations.cli import main
 
