@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build (here, with a package registry) the Python packages an offline GPU machine lacks to run
 # `fedapps run|reproduce` with Ray: Flower, Ray (its Java jars, dashboard UI and libraries the
-# simulation never imports removed, binaries stripped: 74 MB wheel -> 35 MB .tar.xz), OmegaConf,
+# simulation never imports removed, binaries stripped: 74 MB wheel -> 28 MB .tar.xz), OmegaConf,
 # flwr-datasets and their pure-Python needs, pinned to the versions installed here, for the
 # target's Python (default 3.12). The target already has torch, numpy, grpcio, protobuf, ...
 #
@@ -9,8 +9,8 @@
 #   # on the target, in the repository root, with OUT_DIR copied beside it:
 #   source deploy/offline-site.sh --activate OUT_DIR/site.tar.xz
 #
-# The tarball is 35 MB: with a dataset beside it (FMNIST's .gz files: 30 MB) it may exceed a
-# transfer limit of 64 MiB; send them in two steps (the site stays in /tmp/fedapps-site).
+# The tarball is 28 MB (xz -9e; 35 MB at xz's default level): with FMNIST beside it, packed as xz
+# (26 MB, deploy/lent-machine.sh pack), it fits a transfer limit of 64 MiB in one call.
 # Measured with it (2026-11-23, one H100, 16 cores): docs/RESULTS.md, "on one H100".
 set -euo pipefail
 if [ "${1:-}" = "--activate" ]; then
@@ -53,6 +53,6 @@ cd "$build"
 rm -rf bin ray/jars ray/dashboard/client ray/rllib ray/serve ray/data ray/tune ray/train ray/llm
 strip --strip-unneeded ray/_raylet.so ray/core/src/ray/raylet/raylet ray/core/src/ray/gcs/gcs_server
 find . -name __pycache__ -prune -exec rm -rf {} +
-mkdir -p "$out" && tar -cf - . | xz -T0 -6 > "$out/site.tar.xz"
+mkdir -p "$out" && tar -cf - . | xz -T0 -9e > "$out/site.tar.xz"
 rm -rf "$build"
 ls -la "$out/site.tar.xz"
