@@ -191,7 +191,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="N: seeds 0..N-1; or the seeds themselves, e.g. 1,3 or 1-3 (seed 2 "
                         "alone: 2-2) (default: the grid's)")
     r.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config key in every run of the grid")
+                   help="override a config key in every run of the grid (a key that a cell "
+                        "sets itself keeps the cell's value, with a warning)")
     r.add_argument("--cells", default=None, metavar="LABEL[,LABEL]",
                    help="run only these cells (the table still shows every finished run)")
     r.add_argument("--table-only", action="store_true",

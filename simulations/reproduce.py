@@ -229,6 +229,15 @@ def keep_runs(grid: Grid, out_root: Path, keep_root: Path, only: Sequence[str] =
     return kept
 
 
+def shadowed_sets(overrides: Sequence[str], own: Sequence[str]) -> list[tuple[str, str]]:
+    """(command-line setting, the cell's) for each key a cell sets to another value itself."""
+    def key(setting: str) -> str:
+        return setting.split("=", 1)[0].strip()
+
+    mine = {key(s): s for s in own}
+    return [(s, mine[key(s)]) for s in overrides if key(s) in mine and mine[key(s)] != s]
+
+
 def run_grid(grid: Grid, overrides: Sequence[str], out_root: Path, runner: Runner,
              log: Callable[[str], None] = print, only: Sequence[str] = (), jobs: int = 1,
              on_interrupt: Callable[[], None] = lambda: None,
@@ -245,9 +254,12 @@ def run_grid(grid: Grid, overrides: Sequence[str], out_root: Path, runner: Runne
     check_output_dir(out_root / grid.name, "--output-dir")
     plan = []
     for cell in cells:
+        # the command line's overrides sit between the grid's and the cell's, as before: a
+        # cell's own settings define it, so they win, and the user is told which --set lost
+        own = grid.cell_sets(cell)[len(grid.overrides):]
+        for lost in shadowed_sets(overrides, own):
+            log(f"--set {lost[0]}: cell {cell_label(cell)} sets {lost[1]} itself, which wins")
         for seed in grid.seeds:
-            # the command line's overrides sit between the grid's and the cell's, as before
-            own = grid.cell_sets(cell)[len(grid.overrides):]
             sets = [f"wandb.group={grid.name}", *grid.overrides, *overrides, *own,
                     f"seed={seed}"]
             cfg = load_config(grid.experiment, sets)

@@ -732,3 +732,19 @@ def test_budget_columns_take_the_best_within_the_first_share_of_rounds():
     # first ceil(2.5) = 3 rounds: 0.5 and 0.4 -> 45.00 ± 7.07; all rounds: 0.6, 0.7 -> 65 ± 7.07
     assert "| 45.00 ± 7.07 | 65.00 ± 7.07 | 68.51 | - | 58.81 |" in md
     assert "best G" not in md and "best official test |" in md  # no run fills G: left out
+
+
+def test_a_set_that_a_cell_overrides_is_reported(tmp_path):
+    """`--set rounds=2` on a grid whose cells set rounds themselves: the cell wins (it defines
+    the method), and the user is told instead of finding 9 rounds run where 2 were asked."""
+    grid = Grid("s", "quickstart", [0], {"variant": ["a", "b"]},
+                variants={"a": ["algorithm=fedavg", "rounds=9"], "b": ["algorithm=fedreb"]})
+    lines, runner = [], FakeRunner(VALUES)
+    run_grid(grid, ["rounds=2", "train.lr=0.1"], tmp_path, runner, log=lines.append)
+    sets = {c[2]: c[1] for c in runner.calls}
+    assert sets["a-s0"].index("rounds=9") > sets["a-s0"].index("rounds=2")
+    assert [ln for ln in lines if ln.startswith("--set")] == [
+        "--set rounds=2: cell a sets rounds=9 itself, which wins"]
+    lines.clear()  # the same value as the cell's is no conflict
+    run_grid(grid, ["rounds=9"], tmp_path / "same", FakeRunner(VALUES), log=lines.append)
+    assert not [ln for ln in lines if ln.startswith("--set")]
