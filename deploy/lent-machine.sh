@@ -21,8 +21,10 @@ case "${1:-}" in
 pack)
   set -e
   dir=$(realpath "${2:?usage: lent-machine.sh pack DIR}")
-  bash "$here/deploy/offline-site.sh" "$dir"
   raw=${FEDAPPS_DATA_ROOT:-$here/../shared/data}/FashionMNIST/raw
+  ls "$raw"/train-images-idx3-ubyte.gz > /dev/null 2>&1 || {
+    echo "lent-machine.sh: no Fashion-MNIST .gz files in $raw (set FEDAPPS_DATA_ROOT)" >&2; exit 2; }
+  bash "$here/deploy/offline-site.sh" "$dir"
   mkdir -p "$dir/fmnist"
   for f in "$raw"/*-ubyte.gz; do
     gunzip -c "$f" | xz -9e -T0 > "$dir/fmnist/$(basename "$f" .gz).xz"
@@ -31,6 +33,11 @@ pack)
   ;;
 run)
   dir=${2:?usage: lent-machine.sh run DIR}
+  if [ -z "${LOCAL:-}" ] && ! { [ -f "$dir/site.tar.xz" ] && ls "$dir"/fmnist/*.xz > /dev/null 2>&1; }
+  then
+    echo "lent-machine.sh: $dir lacks site.tar.xz or fmnist/*.xz (make them with: pack DIR)" >&2
+    exit 2
+  fi
   cd "$here"
   t0=$SECONDS
   OUT=${OUT:-/tmp/lent-out}; mkdir -p "$OUT"

@@ -22,7 +22,7 @@ from fedapps.errors import ConfigError
 from fedapps.paths import CONF_DIR, data_root
 
 __all__ = ["CONF_DIR", "ConfigError", "available", "clients_per_round", "data_root",
-           "dataset_defaults", "load_config", "parse_overrides", "squash_overrides",
+           "dataset_defaults", "load_config", "override_key", "parse_overrides", "squash_overrides",
            "to_container"]
 
 OPEN_SECTIONS = ("algo",)  # keys declared by the algorithm's settings class, not by YAML
@@ -80,11 +80,16 @@ def parse_overrides(overrides: str | Sequence[str] | None) -> list[str]:
     return items
 
 
+def override_key(item: str) -> str:
+    """The dotted key of one `key=value` override."""
+    return item.split("=", 1)[0].strip()
+
+
 def squash_overrides(items: Sequence[str]) -> list[str]:
     """Each key once, with its last value (the one that wins), in the order the winners came:
     what a run records as its invocation, so that resuming it again does not pile up
     `output.run-name=...` and the other keys each resume sets."""
-    keys = [item.split("=", 1)[0].strip() for item in items]
+    keys = [override_key(item) for item in items]
     last = {key: i for i, key in enumerate(keys)}
     return [item for i, item in enumerate(items) if last[keys[i]] == i]
 

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 from omegaconf import OmegaConf
 
-from fedapps.config import available, load_config
+from fedapps.config import available, load_config, override_key
 from fedapps.errors import ConfigError
 from fedapps.metrics import mean_std, metric_scale
 from fedapps.paths import CONF_DIR
@@ -231,11 +231,9 @@ def keep_runs(grid: Grid, out_root: Path, keep_root: Path, only: Sequence[str] =
 
 def shadowed_sets(overrides: Sequence[str], own: Sequence[str]) -> list[tuple[str, str]]:
     """(command-line setting, the cell's) for each key a cell sets to another value itself."""
-    def key(setting: str) -> str:
-        return setting.split("=", 1)[0].strip()
-
-    mine = {key(s): s for s in own}
-    return [(s, mine[key(s)]) for s in overrides if key(s) in mine and mine[key(s)] != s]
+    mine = {override_key(s): s for s in own}
+    return [(s, mine[override_key(s)]) for s in overrides
+            if override_key(s) in mine and mine[override_key(s)] != s]
 
 
 def run_grid(grid: Grid, overrides: Sequence[str], out_root: Path, runner: Runner,
