@@ -231,9 +231,9 @@ def keep_runs(grid: Grid, out_root: Path, keep_root: Path, only: Sequence[str] =
 
 def shadowed_sets(overrides: Sequence[str], own: Sequence[str]) -> list[tuple[str, str]]:
     """(command-line setting, the cell's) for each key a cell sets to another value itself."""
-    mine = {override_key(s): s for s in own}
-    return [(s, mine[override_key(s)]) for s in overrides
-            if override_key(s) in mine and mine[override_key(s)] != s]
+    cells = {override_key(s): s for s in own}
+    return [(s, cells[k]) for s in overrides
+            if (k := override_key(s)) in cells and cells[k] != s]
 
 
 def run_grid(grid: Grid, overrides: Sequence[str], out_root: Path, runner: Runner,
@@ -255,8 +255,8 @@ def run_grid(grid: Grid, overrides: Sequence[str], out_root: Path, runner: Runne
         # the command line's overrides sit between the grid's and the cell's, as before: a
         # cell's own settings define it, so they win, and the user is told which --set lost
         own = grid.cell_sets(cell)[len(grid.overrides):]
-        for lost in shadowed_sets(overrides, own):
-            log(f"--set {lost[0]}: cell {cell_label(cell)} sets {lost[1]} itself, which wins")
+        for given, kept in shadowed_sets(overrides, own):
+            log(f"--set {given}: cell {cell_label(cell)} sets {kept} itself, which wins")
         for seed in grid.seeds:
             sets = [f"wandb.group={grid.name}", *grid.overrides, *overrides, *own,
                     f"seed={seed}"]
