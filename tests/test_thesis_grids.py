@@ -127,3 +127,21 @@ def test_fig_3_4_draws_ll_q_per_sample_and_the_others_by_expected_counts(name):
     assert len(draws) == 4 * len(grid.axes["data.target-emd"])
     assert {k for k, d in draws.items() if d == "per-sample"} == \
         {("limit-label-q", e) for e in grid.axes["data.target-emd"]}
+
+
+@pytest.mark.parametrize("name", ["thesis-fig4.9-mnist", "thesis-fig4.9-fmnist",
+                                  "thesis-fig4.10-mnist", "thesis-fig4.10-fmnist"])
+def test_fig_4_paired_md_covers_every_phase_count_claims_first(name):
+    """paired.md compares each phase count's two lines with FedAvg and with each other, the
+    thesis's 4-phase claim cells on top."""
+    grid = load_grid(name)
+    counts = [v.removeprefix("phase-shift-") for v in grid.axes["variant"]
+              if v.startswith("phase-shift-")]
+    assert sorted(map(int, counts)) == [2, 4, 5, 10, 20]
+    pairs = [tuple(p) for p in grid.paired]
+    assert pairs[:3] == [("phase-shift-4", "fedavg-n1"), ("fedavg-n4", "fedavg-n1"),
+                         ("phase-shift-4", "fedavg-n4")]
+    assert set(pairs) == {pair for n in counts for pair in [
+        (f"phase-shift-{n}", "fedavg-n1"), (f"fedavg-n{n}", "fedavg-n1"),
+        (f"phase-shift-{n}", f"fedavg-n{n}")]}
+    assert len(pairs) == len(set(pairs))
