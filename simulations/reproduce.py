@@ -154,6 +154,13 @@ def load_grid(name: str) -> Grid:
             if stray:  # a typo would silently run the cell without its settings
                 raise ConfigError(f"grid {name}: {key} names no cell of the grid: "
                                   f"{', '.join(stray)} (labels look like {min(every)})")
+        running = {cell_label(cell) for cell in grid.cells()}
+        named = [c for pair in grid.paired for c in pair] + [grid.paired_against] * bool(
+            grid.paired_against)
+        stray = sorted({label for label in named if label not in running})
+        if stray:  # a typo would silently drop the comparison from paired.md
+            raise ConfigError(f"grid {name}: paired names no cell the grid runs: "
+                              f"{', '.join(stray)} (labels look like {min(running or every)})")
         return grid
     if name in available("experiment"):
         return Grid(name, name, [0, 1, 2])

@@ -265,6 +265,12 @@ def test_a_variant_the_grid_file_does_not_define_is_a_one_line_error(tmp_path, m
     (tmp_path / "grid" / "ex.yaml").write_text(axes + "exclude: [data.target-emd=1.2]\n")
     with pytest.raises(ConfigError, match="grid ex: exclude names no cell"):
         load_grid("ex")
+    # so is a paired comparison naming a cell that does not run: it would vanish from paired.md
+    (tmp_path / "grid" / "pair.yaml").write_text(
+        axes + 'paired:\n  - ["data.partitioner=q,data.target-emd=1.2", "q"]\n')
+    with pytest.raises(ConfigError, match=r"grid pair: paired names no cell the grid runs: q "
+                       r"\(labels look like data.partitioner=q,data.target-emd=1.2\)"):
+        load_grid("pair")
     (tmp_path / "grid" / "ok.yaml").write_text(
         axes + 'cell-overrides:\n  "data.partitioner=q,data.target-emd=1.2": [data.q=0.7]\n')
     assert load_grid("ok").cell_sets({"data.partitioner": "q", "data.target-emd": 1.2})[-1] \

@@ -129,6 +129,24 @@ def test_fig_3_4_draws_ll_q_per_sample_and_the_others_by_expected_counts(name):
         {("limit-label-q", e) for e in grid.axes["data.target-emd"]}
 
 
+def test_fig_3_4_paired_md_tests_the_drop_at_1_2_and_each_sampler_against_ll():
+    """paired.md puts the thesis's claims seed by seed: every sampler's step into EMD 1.2 and
+    out of it, then each other sampler against limit-label at every EMD."""
+    grid = load_grid("thesis-fig3.4-fmnist")
+    emds = [str(e) for e in grid.axes["data.target-emd"]]
+    assert emds == ["0.8", "1.0", "1.2", "1.4", "1.6"]
+
+    def cell(sampler: str, emd: str) -> str:
+        return f"data.partitioner={sampler},data.target-emd={emd}"
+
+    samplers = grid.axes["data.partitioner"]
+    steps = [(cell(s, b), cell(s, a)) for s in samplers for a, b in (("1.0", "1.2"),
+                                                                    ("1.2", "1.4"))]
+    against_ll = [(cell(s, e), cell("limit-label", e))
+                  for s in ("dirichlet", "limit-label-q", "emd") for e in emds]
+    assert [tuple(p) for p in grid.paired] == steps + against_ll
+
+
 @pytest.mark.parametrize("name", ["thesis-fig4.9-mnist", "thesis-fig4.9-fmnist",
                                   "thesis-fig4.10-mnist", "thesis-fig4.10-fmnist"])
 def test_fig_4_paired_md_covers_every_phase_count_claims_first(name):
