@@ -267,6 +267,12 @@ class BaseClient(NumPyClient):
         """The client's own samples: a transform's added copies (FedAug) carry no weight."""
         return int(getattr(self.data, "n_orig", len(self.data.y_train)))
 
+    def epoch_examples(self) -> int:
+        """The samples one local epoch covers: a transform's `epoch_samples` (FedAug's fair
+        compute (a): N_orig) or every training row (FedAug's reading (b): the enlarged set).
+        A step budget (phase-shift's fractional E) counts its epochs in these."""
+        return int(getattr(self.data, "epoch_samples", None) or len(self.data.y_train))
+
     def predict(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits of the global and of the personalized model (default: the same, so P = G)."""
         logits = self.model(x)

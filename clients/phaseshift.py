@@ -63,7 +63,7 @@ class PhaseShiftClient(BaseClient):
             else:  # round 1 (N = 0: the local model is w_1, the received model) or a lost state
                 lost = int(server_examples > 0)
         epochs = self.settings.local_epochs * epoch_scale(self.algo.phases, self.algo.mode)
-        steps = local_steps(epochs, self.num_train_examples(), self.settings.batch_size)
+        steps = local_steps(epochs, self.epoch_examples(), self.settings.batch_size)
         loss = self.sgd_epochs(self.model.parameters(), self.task_loss(self.model), 0,
                                steps=steps, keep="model")
         if self.role not in UPLOADING:

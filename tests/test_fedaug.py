@@ -147,3 +147,43 @@ def test_copies_are_re_augmented_per_batch_and_originals_never():
     assert len(list(client.batch_indices(len(aug.y_train), 1, n))) == -(-n // 20)
     _, num_examples, metrics = client.fit(get_arrays(client.model), {"server-round": 1})
     assert num_examples == n and np.isfinite(metrics["train-loss"])  # copies carry no weight
+
+
+def test_reading_b_trains_e_full_epochs_over_the_enlarged_set():
+    """compute=epochs (section 9 item 14 (b)): no step budget, so an epoch covers every row,
+    originals and copies; the copies still carry no aggregation weight."""
+    cfg = fedaug_config("data.fedaug.target-emd=0.05", "data.fedaug.compute=epochs")
+    aug = apply_transforms(cfg, federated_data(cfg), 0)
+    n, rows = aug.n_orig, len(aug.y_train)
+    assert getattr(aug, "epoch_samples", None) is None and rows > n and aug.n_augmented > 0
+    client = client_with(aug, batch=20, epochs=2)
+    assert client.epoch_examples() == rows and client.num_train_examples() == n
+    assert len(list(client.batch_indices(rows, 2))) == 2 * -(-rows // 20)
+    steps_reading = apply_transforms(fedaug_config("data.fedaug.target-emd=0.05"),
+                                     federated_data(cfg), 0)
+    assert client_with(steps_reading).epoch_examples() == steps_reading.n_orig == n
+
+
+def transform_types(transform):
+    from torchvision.transforms import v2
+    found = []
+    for step in transform.transforms:
+        inner = step.transforms if isinstance(step, v2.RandomApply) else [step]
+        found += [type(t).__name__ for t in inner]
+    return found
+
+
+def test_augmenter_holds_section_5_4_transforms_per_dataset():
+    digits = fa.augmenter((1, 28, 28), allow_flip=False)
+    rgb = fa.augmenter((3, 32, 32), allow_flip=True)
+    assert transform_types(digits) == ["RandomAffine", "RandomPerspective", "_Noise"]
+    assert transform_types(rgb) == ["RandomHorizontalFlip", "RandomAffine", "RandomPerspective",
+                                    "ColorJitter", "RandomGrayscale", "_Noise"]
+    affine = next(t for s in digits.transforms if hasattr(s, "transforms")
+                  for t in s.transforms)
+    assert list(affine.degrees) == [-20.0, 20.0]
+    images = torch.randint(0, 256, (6, 1, 28, 28), dtype=torch.uint8)
+    out = fa.rebalance.augment_each(images, digits, seed=3)
+    assert out.shape == images.shape and out.dtype == torch.uint8  # grey stays one channel
+    assert torch.equal(out, fa.rebalance.augment_each(images, digits, seed=3))
+    assert not torch.equal(out, images)

@@ -14,6 +14,7 @@ from clients.arrays import get_arrays
 from clients.fedavg import FedAvgClient
 from clients.phaseshift import PhaseShiftClient, PhaseShiftSettings
 from fedapps.config import load_config
+from fedapps.data import ClientData
 from fedapps.errors import ConfigError
 from fedapps.runtime import make_model, train_settings
 from fedapps.validation import validate
@@ -201,6 +202,26 @@ def test_epoch_mode_trains_n_plus_one_over_two_n_of_the_epochs(setup, tmp_path):
         _, _, metrics = phase_client(setup, 1, tmp_path, phases=2, mode=mode).fit(
             get_arrays(make_model(cfg)), config)
         assert metrics["local-steps"] == steps
+
+
+def test_fedaug_copies_count_in_the_step_budget_only_under_reading_b(setup, tmp_path):
+    """2P-FedAug: reading (a) (`epoch_samples` = N_orig) budgets ceil(N_orig / B) steps an
+    epoch, reading (b) (no budget) every row, copies included; weights stay N_orig either way."""
+    cfg, fd = setup
+    data, b = fd.client(1), train_settings(cfg).batch_size
+    rows, n_orig = len(data.y_train), len(data.y_train) // 2  # as if half were FedAug's copies
+    config = {"server-round": 1, "phase-role": FRESH_RETURN, "phase-n": 0}
+    for extras, epoch in (({"n_orig": n_orig, "epoch_samples": n_orig}, n_orig),
+                          ({"n_orig": n_orig}, rows)):
+        for mode, scale in (("communication", 1.0), ("epoch", 0.75)):
+            client = PhaseShiftClient(
+                make_model(cfg), ClientData(data.x_train, data.y_train, data.x_test,
+                                            data.y_test, extras),
+                train_settings(cfg), 1, algo=PhaseShiftSettings(phases=2, mode=mode),
+                state_dir=tmp_path)
+            _, n_k, metrics = client.fit(get_arrays(make_model(cfg)), config)
+            assert metrics["local-steps"] == local_steps(scale, epoch, b) and n_k == n_orig
+    assert local_steps(1.0, rows, b) > local_steps(1.0, n_orig, b)  # the readings differ
 
 
 def test_phases_must_not_exceed_the_clients_per_round():
