@@ -114,12 +114,29 @@ def cell_label(cell: dict[str, Any]) -> str:
     return ",".join(f"{k}={v}" for k, v in cell.items()) or "run"
 
 
+def grid_file(name: str, seen: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A grid file's keys; `extends: OTHER` takes every key of grid OTHER that the file does not
+    set itself (e.g. a figure's CIFAR-10 grid: FMNIST's cells under another experiment)."""
+    path = CONF_DIR / "grid" / f"{name}.yaml"
+    if not path.is_file():
+        raise ConfigError(f"grid {seen[-1]}: extends {name}, but there is no conf/grid/"
+                          f"{name}.yaml")
+    raw = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    assert isinstance(raw, dict)
+    base = raw.pop("extends", None)
+    if base is None:
+        return raw
+    if str(base) in (*seen, name):
+        raise ConfigError(f"grid {name}: extends {base}, which extends it back "
+                          f"({' -> '.join((*seen, name, str(base)))})")
+    return {**grid_file(str(base), (*seen, name)), **raw}
+
+
 def load_grid(name: str) -> Grid:
     """A grid file, or an experiment preset run as a one-cell grid over seeds 0..2."""
     path = CONF_DIR / "grid" / f"{name}.yaml"
     if path.is_file():
-        raw = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
-        assert isinstance(raw, dict)
+        raw = grid_file(name)
         ref = raw.get("reference") or {}
         grid = Grid(name, str(raw["experiment"]), [int(s) for s in raw.get("seeds", [0, 1, 2])],
                     {str(k): list(v) for k, v in (raw.get("grid") or {}).items()},

@@ -240,6 +240,39 @@ def test_variants_expand_to_their_settings_and_excluded_cells_do_not_run(tmp_pat
     assert [cell_label(c) for c in only_variants.cells()] == ["a"]
 
 
+def test_extends_takes_the_keys_a_grid_file_does_not_set(tmp_path, monkeypatch):
+    from fedapps.errors import ConfigError
+    from simulations import reproduce
+
+    grids = tmp_path / "grid"
+    grids.mkdir()
+    (grids / "base.yaml").write_text(
+        "experiment: quickstart\nseeds: [0, 1]\noverrides: [rounds=2]\ngrid:\n"
+        "  variant: [a, b]\nvariants:\n  a: []\n  b: [train.local-epochs=2]\n"
+        "paired:\n  - [b, a]\nreference:\n  source: base's\n")
+    (grids / "child.yaml").write_text(
+        "extends: base\nexperiment: fedreb-quick\nreference:\n  source: child's\n")
+    (grids / "grandchild.yaml").write_text("extends: child\nseeds: [3]\n")
+    monkeypatch.setattr(reproduce, "CONF_DIR", tmp_path)
+    base, child, grandchild = (load_grid(n) for n in ("base", "child", "grandchild"))
+    assert (child.experiment, child.source) == ("fedreb-quick", "child's")
+    assert (child.seeds, child.overrides, child.variants, child.paired) == (
+        base.seeds, base.overrides, base.variants, base.paired)
+    assert [child.cell_sets(c) for c in child.cells()] == [
+        ["rounds=2"], ["rounds=2", "train.local-epochs=2"]]
+    assert (grandchild.experiment, grandchild.seeds, grandchild.source) == (
+        "fedreb-quick", [3], "child's")
+    (grids / "orphan.yaml").write_text("extends: nowhere\n")
+    with pytest.raises(ConfigError, match=r"^grid orphan: extends nowhere, but there is no "
+                       r"conf/grid/nowhere.yaml$"):
+        load_grid("orphan")
+    (grids / "loop.yaml").write_text("extends: loop2\nexperiment: quickstart\n")
+    (grids / "loop2.yaml").write_text("extends: loop\n")
+    with pytest.raises(ConfigError, match=r"^grid loop2: extends loop, which extends it back "
+                       r"\(loop -> loop2 -> loop\)$"):
+        load_grid("loop")
+
+
 def test_a_variant_the_grid_file_does_not_define_is_a_one_line_error(tmp_path, monkeypatch):
     from fedapps.errors import ConfigError
     from simulations import reproduce

@@ -96,7 +96,9 @@ def test_fig_6_1_fednova_fltk_cell_is_fedavg_with_fltks_step_scale(name):
 
 
 @pytest.mark.parametrize("name, base, total", [("thesis-fig4.9-mnist", 8, 120),
-                                               ("thesis-fig4.10-fmnist", 16, 128)])
+                                               ("thesis-fig4.10-fmnist", 16, 128),
+                                               ("thesis-fig4.9-cifar10", 8, 120),
+                                               ("thesis-fig4.10-cifar10", 16, 128)])
 def test_fig_4_fedavg_raises_e_per_table_4_5(name, base, total):
     grid = load_grid(name)
     for variant in grid.axes["variant"]:
@@ -119,7 +121,8 @@ def test_fig_5_runs_fedaug_only_below_the_emd():
     assert (cfg.train["local-epochs"], cfg.rounds, cfg.data["target-emd"]) == (4, 8, 1.4)
 
 
-@pytest.mark.parametrize("name", ["thesis-fig3.4-fmnist", "thesis-fig3.4-fmnist-reduced"])
+@pytest.mark.parametrize("name", ["thesis-fig3.4-fmnist", "thesis-fig3.4-fmnist-reduced",
+                                  "thesis-fig3.5-cifar10"])
 def test_fig_3_4_draws_ll_q_per_sample_and_the_others_by_expected_counts(name):
     grid = load_grid(name)
     draws = {(c["data.partitioner"], c["data.target-emd"]):
@@ -148,7 +151,8 @@ def test_fig_3_4_paired_md_tests_the_drop_at_1_2_and_each_sampler_against_ll():
 
 
 @pytest.mark.parametrize("name", ["thesis-fig4.9-mnist", "thesis-fig4.9-fmnist",
-                                  "thesis-fig4.10-mnist", "thesis-fig4.10-fmnist"])
+                                  "thesis-fig4.10-mnist", "thesis-fig4.10-fmnist",
+                                  "thesis-fig4.9-cifar10", "thesis-fig4.10-cifar10"])
 def test_fig_4_paired_md_covers_every_phase_count_claims_first(name):
     """paired.md compares each phase count's two lines with FedAvg and with each other, the
     thesis's 4-phase claim cells on top."""
@@ -163,3 +167,15 @@ def test_fig_4_paired_md_covers_every_phase_count_claims_first(name):
         (f"phase-shift-{n}", "fedavg-n1"), (f"fedavg-n{n}", "fedavg-n1"),
         (f"phase-shift-{n}", f"fedavg-n{n}")]}
     assert len(pairs) == len(set(pairs))
+
+
+@pytest.mark.parametrize("name, fmnist", [("thesis-fig3.5-cifar10", "thesis-fig3.4-fmnist"),
+                                          ("thesis-fig4.9-cifar10", "thesis-fig4.9-fmnist"),
+                                          ("thesis-fig4.10-cifar10", "thesis-fig4.10-fmnist")])
+def test_cifar10_grids_run_the_fmnist_cells_on_the_cifar10_preset(name, fmnist):
+    grid, base = load_grid(name), load_grid(fmnist)
+    assert [grid.cell_sets(c) for c in grid.cells()] == [base.cell_sets(c) for c in base.cells()]
+    assert (grid.seeds, grid.paired) == (base.seeds, base.paired) and "CIFAR-10" in grid.source
+    for cell in grid.cells():
+        cfg = load_config(grid.experiment, grid.cell_sets(cell))
+        assert (cfg.dataset, cfg.model.name) == ("cifar10", "thesis-cifar10-cnn")
