@@ -149,6 +149,14 @@ def test_copies_are_re_augmented_per_batch_and_originals_never():
     assert num_examples == n and np.isfinite(metrics["train-loss"])  # copies carry no weight
 
 
+def batches_trained(client, epochs):
+    """The minibatches the client's real training loop draws in `epochs` local epochs."""
+    seen, loss = [], client.task_loss(client.model)
+    client.sgd_epochs(client.model.parameters(), lambda x, y: seen.append(len(y)) or loss(x, y),
+                      epochs)
+    return len(seen)
+
+
 def test_reading_b_trains_e_full_epochs_over_the_enlarged_set():
     """compute=epochs (section 9 item 14 (b)): no step budget, so an epoch covers every row,
     originals and copies; the copies still carry no aggregation weight."""
@@ -156,12 +164,12 @@ def test_reading_b_trains_e_full_epochs_over_the_enlarged_set():
     aug = apply_transforms(cfg, federated_data(cfg), 0)
     n, rows = aug.n_orig, len(aug.y_train)
     assert getattr(aug, "epoch_samples", None) is None and rows > n and aug.n_augmented > 0
-    client = client_with(aug, batch=20, epochs=2)
-    assert client.epoch_examples() == rows and client.num_train_examples() == n
-    assert len(list(client.batch_indices(rows, 2))) == 2 * -(-rows // 20)
     steps_reading = apply_transforms(fedaug_config("data.fedaug.target-emd=0.05"),
                                      federated_data(cfg), 0)
-    assert client_with(steps_reading).epoch_examples() == steps_reading.n_orig == n
+    for data, per_epoch in ((aug, rows), (steps_reading, n)):
+        client = client_with(data, batch=20, epochs=2)
+        assert client.epoch_examples() == per_epoch and client.num_train_examples() == n
+        assert batches_trained(client, epochs=2) == 2 * -(-per_epoch // 20)
 
 
 def transform_types(transform):
