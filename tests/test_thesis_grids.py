@@ -45,6 +45,9 @@ def test_fig_6_1_gives_every_method_the_same_epochs_and_transfers(name):
     fedaug = ["data.transforms=[fedaug]", "data.fedaug.target-emd=0.8"]
     assert grid.variants["2p"] == [o for o in grid.variants["2p-fedaug-0.8"] if o not in fedaug]
     assert settings(grid, "2p").data.transforms == []
+    # paired.md sets every method of the figure beside FedAvg, seed by seed
+    against_fedavg = {a for a, b in grid.paired if b == "fedavg"}
+    assert against_fedavg == set(grid.axes["variant"]) - {"fedavg"}
 
 
 def fltk_fednova_sends(old, grads, lr, momentum, tau_eff):
