@@ -45,7 +45,14 @@ def test_fig_6_1_gives_every_method_the_same_epochs_and_transfers(name):
     fedaug = ["data.transforms=[fedaug]", "data.fedaug.target-emd=0.8"]
     assert grid.variants["2p"] == [o for o in grid.variants["2p-fedaug-0.8"] if o not in fedaug]
     assert settings(grid, "2p").data.transforms == []
-    # paired.md sets every method of the figure beside FedAvg, seed by seed
+
+
+@pytest.mark.parametrize("name", ["thesis-fig6.1-mnist", "thesis-fig6.1-fmnist",
+                                  "thesis-fig6.1-cifar10"])
+def test_fig_6_1_paired_md_sets_every_method_beside_fedavg(name):
+    """The thesis's Fig. 6.1 claims are each method against FedAvg, so paired.md must hold
+    every one of those pairs, seed by seed (FedNova and FedProx were once missing)."""
+    grid = load_grid(name)
     against_fedavg = {a for a, b in grid.paired if b == "fedavg"}
     assert against_fedavg == set(grid.axes["variant"]) - {"fedavg"}
 
