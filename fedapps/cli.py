@@ -31,6 +31,9 @@ COLD_HELP = ("Flower's default isolation: a fresh ClientApp process per message 
 PULL_HELP = ("SECONDS (0.05-3): the SuperNode pulls for work this often while idle instead of "
              "Flower's 3 s (its loop patched in this process, flwr 1.41-1.42 only; more pulls "
              "on the SuperLink; fedapps/quick_supernode.py, measured in docs/PERFORMANCE.md)")
+LINK_HOLD_HELP = ("SECONDS (2-20): the SuperLink holds a SuperNode's pull that finds no message "
+                  "this long, answering as soon as one arrives (flwr 1.41-1.42 only; with "
+                  "--pull-interval the nodes then pull again at once; fedapps/quick_superlink.py)")
 
 
 CPUS_HELP = ("CPUs the run's Ray may use (default: all of this machine's); one client trains "
@@ -83,6 +86,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, Any]:
     d.add_argument("--cold", action="store_true", help=COLD_HELP)
     d.add_argument("--pull-interval", type=float, default=None, metavar="SECONDS",
                    help=PULL_HELP)
+    d.add_argument("--link-hold", type=float, default=None, metavar="SECONDS",
+                   help=LINK_HOLD_HELP)
     n = sub.add_parser("node", help="start one SuperNode for this app (e.g. on a Jetson)")
     n.add_argument("--superlink", required=True, help="SuperLink Fleet address host:port")
     n.add_argument("--partition-id", type=int, required=True,
@@ -267,6 +272,10 @@ def _deploy_local(args: argparse.Namespace) -> int:
     from fedapps.deploy import check_tls_folder, run_federation
 
     _check_pull_interval(args)
+    if args.link_hold is not None:
+        from fedapps.quick_superlink import check
+
+        check(args.link_hold)
     cfg, out, n = _named_run(args)
     if args.tls:
         check_tls_folder(Path(args.tls).resolve(), n)
@@ -277,6 +286,7 @@ def _deploy_local(args: argparse.Namespace) -> int:
                             state_root=state,
                             secure=Path(args.tls).resolve() if args.tls else None,
                             warm=not args.cold, pull_interval=args.pull_interval,
+                            link_hold=args.link_hold,
                             show=(lambda line: True) if args.verbose else _show,
                             mode=_mode(args))
     return _report(status, out)

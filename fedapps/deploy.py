@@ -148,6 +148,7 @@ def run_federation(
     mode: str = rundir.NEW,
     warm: bool = True,
     pull_interval: float | None = None,
+    link_hold: float | None = None,
 ) -> str:
     """Start a SuperLink and `num_nodes` SuperNodes, run the app, stop everything.
 
@@ -159,6 +160,8 @@ def run_federation(
     process per node (fedapps/warm_clientapp.py) instead of Flower's process per message.
     `pull_interval`: the SuperNodes' idle pull in seconds (fedapps/quick_supernode.py; None:
     Flower's own 3 s); with `warm`, also the ClientApps' longest wait between polls.
+    `link_hold`: the SuperLink holds an empty pull up to this many seconds until a message for
+    the node arrives (fedapps/quick_superlink.py; None: Flower's SuperLink as it is).
     Returns the SuperLink's final run status."""
     with rundir.claim(run_dir, mode) as run_id:
         run_config = {"experiment": experiment, "overrides": shlex.join(overrides),
@@ -166,7 +169,7 @@ def run_federation(
                       "run-id": run_id}
         return _federate(run_config, num_nodes, data_root, state_root, node_extra,
                          superlink_args, supernode_args, connection, show, during, secure, warm,
-                         pull_interval)
+                         pull_interval, link_hold)
 
 
 def _federate(run_config: dict[str, str], num_nodes: int, data_root: Path | None,
@@ -174,7 +177,7 @@ def _federate(run_config: dict[str, str], num_nodes: int, data_root: Path | None
               superlink_args: Sequence[str], supernode_args: Sequence[str],
               connection: dict[str, object] | None, show: Callable[[str], bool],
               during: Callable[[list[SuperNode]], None] | None, secure: Path | None,
-              warm: bool, pull_interval: float | None) -> str:
+              warm: bool, pull_interval: float | None, link_hold: float | None) -> str:
     """run_federation's work once the run directory is claimed."""
     import threading
 
@@ -188,7 +191,8 @@ def _federate(run_config: dict[str, str], num_nodes: int, data_root: Path | None
         # machine held its write lock past SQLite's 5 s busy timeout and the SuperLink failed the
         # run with `database is locked` (docs/PERFORMANCE.md); a lock held 12 s ends a run there
         with LocalSuperLink(workdir, simulation=False, extra_args=superlink_args,
-                            connection=connection, database=IN_MEMORY_LINK_STATE) as link:
+                            connection=connection, database=IN_MEMORY_LINK_STATE,
+                            hold=link_hold) as link:
             try:
                 for i in range(num_nodes):
                     if secure is not None:

@@ -80,8 +80,11 @@ class LocalSuperLink:
                  extra_args: Sequence[str] = (),
                  connection: dict[str, object] | None = None,
                  extra_env: dict[str, str] | None = None,
-                 database: str | None = None) -> None:
+                 database: str | None = None, hold: float | None = None) -> None:
         self.simulation = simulation
+        # hold: a Fleet pull that finds nothing waits up to this long for a message
+        # (fedapps/quick_superlink.py); None: Flower's SuperLink as it is
+        self.hold = hold
         # link state: a SQLite file by default; `:flwr-in-memory:` (Flower's own default) keeps
         # it in the SuperLink's memory, which no writer can lock (deploy.py uses it)
         self.database = database
@@ -109,11 +112,17 @@ class LocalSuperLink:
         (self.home / "config.toml").write_text(
             f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
             f'address = "{self.address}"\n{options}')
-        cmd = ["flower-superlink", *(["--simulation"] if self.simulation else []),
-               "--isolation", "subprocess", "--disable-runtime-dependency-installation",
-               "--host", "127.0.0.1", "--port", str(self.port),
-               "--database", self.database or str(self.home / "state.db"),
-               *(self.extra_args or ["--insecure"])]
+        args = [*(["--simulation"] if self.simulation else []),
+                "--isolation", "subprocess", "--disable-runtime-dependency-installation",
+                "--host", "127.0.0.1", "--port", str(self.port),
+                "--database", self.database or str(self.home / "state.db"),
+                *(self.extra_args or ["--insecure"])]
+        if self.hold is None:
+            cmd = ["flower-superlink", *args]
+        else:
+            from fedapps.quick_superlink import command
+
+            cmd = command(self.hold, args)
         with open(self.log_path, "ab") as log_file:
             # dies with this process, even on SIGKILL; marked, so Ray's orphans are found too
             self.process = start_watched(cmd, env=self.env(), stdout=log_file,

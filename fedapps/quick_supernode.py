@@ -10,9 +10,13 @@ the fit step (round 3.04x -> 2.66x the simulated one); 0.2 s was slower than 0.5
 costing more CPU than they saved.
 
 This entry runs Flower's own SuperNode with those two sleeps shortened (the 3 s one to
-`--pull-interval`, the 0.5 s ones to a tenth of it, at most 0.05 s), and its retry of a
+`--pull-interval`, the 0.5 s ones to a tenth of it, at most 0.05 s; after an empty pull that a
+holding SuperLink held, fedapps/quick_superlink.py, the short one), and its retry of a
 message's objects not yet at the SuperLink (1 s, doubling) started at 0.05 s and capped at
-`--pull-interval`; nothing else changed.
+`--pull-interval`. Its Runtime API holds the warm ClientApp's pulls (fedapps/held_pulls.py): an
+AcquireTask that finds no task waits for the loop to create one, and a pull of an object the
+node has not received yet waits for it, so the ClientApp takes each message as soon as it is
+there (on a Runtime API it does not know, Flower's is left as it is). Nothing else changed.
 The cost is more pulls: one per node every `--pull-interval` seconds while idle, which the
 SuperLink answers (its CPU is in the benchmark's table). It replaces the module's `time` name
 with a wrapper, so it refuses to run on a Flower whose loop it does not recognise rather than
@@ -36,6 +40,14 @@ from types import ModuleType
 from typing import Any
 
 from fedapps.errors import ConfigError
+from fedapps.held_pulls import (
+    HELD_SECONDS,
+    OBJECT_STORES,
+    HeldHandler,
+    hold_handlers,
+    object_pending,
+    unknown,
+)
 from fedapps.object_retries import has_retry_keywords, shorten
 
 FLOWER_IDLE_PULL_SECONDS = 3.0  # time.sleep(3) after an empty pull
@@ -43,28 +55,44 @@ FLOWER_REPLY_CHECK_SECONDS = 0.5  # time.sleep(0.5) while the ClientApp's reply 
 SHORTEST_PULL_SECONDS = 0.05  # below this a node pulls the SuperLink 20+ times a second, idle
 # The sleeps of the loop as Flower 1.41-1.42 writes them, in order; anything else is refused.
 KNOWN_SLEEPS = ["3", "0.5", "0.5"]
+# Its Runtime API holds an empty task acquisition or object pull this long
+# (fedapps/held_pulls.py); the warm ClientApp's HTTP timeout is 30 s.
+TASK_HOLD_SECONDS = 5.0
+RUNTIME_HANDLERS = "flwr.supernode.servicer.runtime.runtime_handlers"
+RUNTIME_HELD = (
+    HeldHandler("acquire_task", ("request", "state"),
+                (("flwr.supernode.nodestate.in_memory_nodestate", "InMemoryNodeState"),),
+                "create_task", lambda response: not response.token),
+    HeldHandler("pull_object", ("request", "state", "task"), OBJECT_STORES, "put",
+                object_pending),
+)
 
 
 class QuickSleeps:
     """Stands in for the `time` module inside Flower's SuperNode loop: the loop's two sleeps
-    are shortened, every other attribute is the real module's."""
+    are shortened, every other attribute is the real module's. An empty pull that took at
+    least HELD_SECONDS was held by a holding SuperLink (fedapps/quick_superlink.py), which
+    answers as soon as a message arrives: then the node pulls again after the short sleep."""
 
-    def __init__(self, pull_interval: float, sleep: Callable[[float], None] = time.sleep
-                 ) -> None:
+    def __init__(self, pull_interval: float, sleep: Callable[[float], None] = time.sleep,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         check_interval(pull_interval)
         self.pull_interval = pull_interval
         self.reply_check = min(pull_interval / 10, 0.05)
-        self._sleep = sleep
+        self._sleep, self._clock = sleep, clock
+        self._woke: float | None = None  # when the last sleep ended: the pull began after it
 
     def __getattr__(self, name: str) -> Any:
         return getattr(time, name)
 
     def sleep(self, seconds: float) -> None:
         if seconds == FLOWER_IDLE_PULL_SECONDS:
-            seconds = self.pull_interval
+            held = self._woke is not None and self._clock() - self._woke >= HELD_SECONDS
+            seconds = self.reply_check if held else self.pull_interval
         elif seconds == FLOWER_REPLY_CHECK_SECONDS:
             seconds = self.reply_check
         self._sleep(seconds)
+        self._woke = self._clock()
 
 
 def check_interval(pull_interval: float) -> None:
@@ -111,7 +139,21 @@ def install(pull_interval: float) -> QuickSleeps:
     quick = QuickSleeps(pull_interval)
     loop.time = quick
     shorten(loop, "pull_objects", cap=pull_interval, first=SHORTEST_PULL_SECONDS)
+    hold_runtime_pulls()
     return quick
+
+
+def hold_runtime_pulls(seconds: float = TASK_HOLD_SECONDS) -> bool:
+    """Make this SuperNode's Runtime API hold an empty AcquireTask until the loop creates a
+    task, and a pull of an object the node has not received yet until it has
+    (fedapps/held_pulls.py): the warm ClientApp takes a task, and its model, at once instead
+    of at its next poll or retry. True if it does so now; False, leaving Flower's as it is, on
+    a Runtime API this does not know (the node then works as before)."""
+    handlers = importlib.import_module(RUNTIME_HANDLERS)
+    if unknown(handlers, RUNTIME_HELD) is not None:
+        return False
+    hold_handlers(handlers, RUNTIME_HELD, seconds)
+    return True
 
 
 def command(pull_interval: float, supernode_args: list[str]) -> list[str]:
@@ -120,19 +162,27 @@ def command(pull_interval: float, supernode_args: list[str]) -> list[str]:
             f"{pull_interval:g}", *supernode_args]
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m fedapps.quick_supernode", add_help=False,
+def run_patched(argv: list[str] | None, prog: str, option: str,
+                install_patch: Callable[[float], object], entry: str) -> None:
+    """Take `option` (seconds) off the command line, patch Flower in this process with it, then
+    run Flower's command `entry` ("module:function", e.g. flower_supernode) on the rest of the
+    line; a bad value or an unknown Flower exits with a one-line error before Flower starts."""
+    p = argparse.ArgumentParser(prog=prog, add_help=False,
                                 allow_abbrev=False)  # Flower's own options pass through
-    p.add_argument("--pull-interval", type=float, required=True)
+    p.add_argument(option, dest="seconds", type=float, required=True)
     args, rest = p.parse_known_args(argv)
     try:
-        install(args.pull_interval)
+        install_patch(args.seconds)
     except ConfigError as err:
         sys.exit(f"fedapps: {err}")
-    from flwr.supernode.cli import flower_supernode
+    module, function = entry.split(":")
+    sys.argv = [function.replace("_", "-"), *rest]
+    getattr(importlib.import_module(module), function)()
 
-    sys.argv = ["flower-supernode", *rest]
-    flower_supernode()
+
+def main(argv: list[str] | None = None) -> None:
+    run_patched(argv, "python -m fedapps.quick_supernode", "--pull-interval",
+                lambda seconds: install(seconds), "flwr.supernode.cli:flower_supernode")
 
 
 if __name__ == "__main__":

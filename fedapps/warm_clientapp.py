@@ -30,6 +30,8 @@ from logging import ERROR, INFO
 from pathlib import Path
 from typing import Any
 
+from fedapps.held_pulls import HELD_SECONDS  # stdlib only, like the other fedapps imports here
+
 # Polls of the SuperNode for a task: fast right after start and after each task, then slower
 # while idle, up to Flower's SuperExec's once a second. A poll is an HTTP request that this
 # process and the SuperNode both handle in Python: with a fixed 0.05 s poll, 20 warm nodes'
@@ -228,6 +230,7 @@ def serve(address: str, insecure: bool = True, root_certificates: str | None = N
     wait = POLL_FIRST_SECONDS
     try:
         while True:
+            asked = time.monotonic()
             try:
                 res = control.AcquireTask(
                     AcquireTaskRequest(supported_task_types=[TaskType.CLIENT_APP.value]))
@@ -235,6 +238,8 @@ def serve(address: str, insecure: bool = True, root_certificates: str | None = N
                     run_task(address, res.token, insecure, certificates, apps, time.time())
                     wait = POLL_FIRST_SECONDS
                     continue
+                if time.monotonic() - asked >= HELD_SECONDS:  # a quick SuperNode held it
+                    wait = POLL_FIRST_SECONDS  # and answers the next at once: ask again soon
             except Exception as ex:  # noqa: BLE001 - one failed task must not end the node
                 log(ERROR, "[warm-clientapp] %s: %s", type(ex).__name__, ex)
                 wait = poll_max

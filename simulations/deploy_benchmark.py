@@ -4,7 +4,9 @@ Runs the same experiment as a Flower simulation (`fedapps run`), as a real deplo
 Flower's default ClientApp process per message (`deploy-local --cold`), with one long-running
 ClientApp process per SuperNode (`deploy-local`), and (mode `deploy_quick`) the same with
 SuperNodes that pull every `--pull-interval` seconds while idle (`deploy-local
---pull-interval`). While a deployment runs, every SuperNode's process tree (SuperNode, Flower's
+--pull-interval`), and (mode `deploy_held`) the quick SuperNodes beside a SuperLink that holds
+an empty pull until a message arrives (`deploy-local --pull-interval S --link-hold S`).
+While a deployment runs, every SuperNode's process tree (SuperNode, Flower's
 SuperExec and ClientApp processes, or the warm ClientApp process) is sampled from /proc: peak
 resident memory (RSS, and PSS, which splits pages shared between processes) of the tree and of
 its largest ClientApp process; and the CPU seconds every process of a run used, by kind
@@ -141,7 +143,8 @@ class TreeSampler:
 # scripts under ray/_private
 CPU_KINDS = (("clientapp", CLIENTAPP_MARKERS), ("superexec", ("flower-superexec",)),
              ("supernode", ("flower-supernode", "fedapps.quick_supernode")),
-             ("superlink", ("flower-superlink",)), ("serverapp", ("flwr-serverapp",)),
+             ("superlink", ("flower-superlink", "fedapps.quick_superlink")),
+             ("serverapp", ("flwr-serverapp",)),
              ("ray", ("ray::", "raylet", "gcs_server", "ray/_private", "ray/dashboard")))
 
 
@@ -347,10 +350,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--set", dest="overrides", action="append", default=None)
     p.add_argument("--out", type=Path, default=Path("outputs/deploy-benchmark"))
     p.add_argument("--modes", default="simulation,deploy_warm,deploy_cold",
-                   help="which runs, of simulation, deploy_warm, deploy_cold, deploy_quick (the "
-                        "code before the warm ClientApp has only the first two)")
+                   help="which runs, of simulation, deploy_warm, deploy_cold, deploy_quick, "
+                        "deploy_held (the code before the warm ClientApp has only the first "
+                        "two)")
     p.add_argument("--pull-interval", type=float, default=0.5,
-                   help="deploy_quick's SuperNode idle pull in seconds (default 0.5)")
+                   help="deploy_quick's and deploy_held's SuperNode idle pull in seconds "
+                        "(default 0.5)")
+    p.add_argument("--link-hold", type=float, default=5.0,
+                   help="deploy_held's SuperLink hold of an empty pull in seconds (default 5)")
     p.add_argument("--probe-only", action="store_true",
                    help="only the fresh-interpreter probe (runs with the fedapps on PYTHONPATH)")
     p.add_argument("--progress", action="store_true",
@@ -386,10 +393,12 @@ def main(argv: list[str] | None = None) -> int:
         cpu.start()
         t = time.perf_counter()
         # the code before the warm ClientApp has no `warm` (and is always cold)
-        mode = {"warm": name in ("deploy_warm", "deploy_quick")} \
+        mode = {"warm": name in ("deploy_warm", "deploy_quick", "deploy_held")} \
             if "warm" in inspect.signature(run_federation).parameters else {}
-        if name == "deploy_quick":
+        if name in ("deploy_quick", "deploy_held"):
             mode["pull_interval"] = args.pull_interval
+        if name == "deploy_held":
+            mode["link_hold"] = args.link_hold
         status = run_federation(args.experiment, sets, n, args.out / name, show=show,
                                 state_root=args.out / f"{name}-state", during=sampler, **mode)
         sampler.stop.set()

@@ -402,9 +402,12 @@ def _broken_setups(tmp):
     (["deploy-local", "quickstart", "--pull-interval", "0", "--set",
       "output.output-dir={tmp}/out"],
      "--pull-interval 0: must be from 0.05 s to Flower's own 3 s"),
+    (["deploy-local", "quickstart", "--link-hold", "1", "--set",
+      "output.output-dir={tmp}/out"], "--link-hold 1: must be from 2 to 20 s"),
 ], ids=["unwritable-output-dir", "truncated-checkpoint", "tls-too-few-node-keys",
         "run-name-dotdot", "run-name-slash", "fedrolex-model-name", "seeds-0", "plots-curve",
-        "node-num-partitions-0", "node-pull-interval-9", "deploy-pull-interval-0"])
+        "node-num-partitions-0", "node-pull-interval-9", "deploy-pull-interval-0",
+        "deploy-link-hold-1"])
 def test_cli_refuses_before_anything_starts(argv, message, tmp_path, capsys, nothing_starts):
     """Each used to fail 20-40 s in, inside Flower, with a traceback (or ran nothing and
     exited 0: `--seeds 0`; or silently ignored a key: fedrolex's model.name)."""

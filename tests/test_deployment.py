@@ -29,6 +29,7 @@ def watch_clientapps(seen):
     "supernodes", the nodes' own command lines)."""
     def watch(nodes):
         seen["supernodes"] = [command_line(node.process.pid) for node in nodes]
+        seen["superlink"] = command_line(nodes[0].link.process.pid)
         while any(node.alive() for node in nodes):
             for node in nodes:
                 for pid in descendants(node.process.pid) + [node.worker.pid]:
@@ -80,7 +81,7 @@ def both(*hooks):
 def test_deployment_gives_the_simulation_numbers(tmp_path, monkeypatch):
     # FedReb: FedAvg's path plus personal heads kept in node state (plain FedAvg deployments run
     # in the tests below, those of too few clients and TLS on Flower's own SuperNode loop);
-    # quick SuperNodes here
+    # quick SuperNodes here, beside a SuperLink that holds empty pulls (fedapps/held_pulls.py)
     experiment = "fedreb-quick"
     sets = ["rounds=2", "federation.num-clients=3", "federation.fraction-fit=1.0"]
     sim, dep = tmp_path / "sim", tmp_path / "dep"
@@ -95,10 +96,12 @@ def test_deployment_gives_the_simulation_numbers(tmp_path, monkeypatch):
                                        total_cpus=1)) as simulation:
         assert run_federation(experiment, sets, 3, dep, state_root=tmp_path / "state",
                               show=QUIET, during=both(watch_clientapps(seen), lock_link_state()),
-                              pull_interval=0.5) == "finished:completed"  # the lock cannot stop it
+                              pull_interval=0.5, link_hold=5.0
+                              ) == "finished:completed"  # the lock cannot stop it
         assert simulation() == "finished:completed"
     assert all("fedapps.quick_supernode --pull-interval 0.5" in cmd
                for cmd in seen.pop("supernodes"))
+    assert "fedapps.quick_superlink --link-hold 5 " in seen.pop("superlink")
     # every message of a node ran in its one long-running ClientApp process (3 nodes x 5
     # messages would be 15 flwr-clientapp processes with Flower's default isolation)
     assert sorted(seen.values()) == ["warm"] * 3

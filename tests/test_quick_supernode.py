@@ -59,7 +59,10 @@ def test_install_patches_only_the_loops_module(monkeypatch):
     monkeypatch.setattr(loop, "time", time)  # undone after the test
     flower_pull = loop.pull_objects
     monkeypatch.setattr(loop, "pull_objects", flower_pull)
+    held = []  # the Runtime API's holds: tests/test_held_pulls.py (they patch Flower's classes)
+    monkeypatch.setattr(quick, "hold_runtime_pulls", lambda: held.append(True))
     installed = quick.install(0.25)
+    assert held == [True]
     assert loop.time is installed and installed.pull_interval == 0.25
     assert time.sleep is not installed.sleep  # the real module is untouched
     # a message's objects not yet at the SuperLink: looked for again after 0.05 s, up to 0.25
