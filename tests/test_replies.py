@@ -209,3 +209,72 @@ def test_an_unknown_flower_pull_is_left_alone_and_said_once(monkeypatch, caplog)
     assert http_grid.pull_objects is other
     assert sum("reply object pulls left as they are" in r.getMessage()
                for r in caplog.records) == 1
+
+
+def test_the_pushes_of_one_grid_go_one_at_a_time():
+    """Every proxy of a deployed ServerApp wraps the same grid: their pushes are ordered, so
+    a step's later messages find the model's arrays at the SuperLink already."""
+    import threading
+    import time
+
+    class SlowGrid:
+        def __init__(self):
+            self.now = self.most = 0
+            self.lock = threading.Lock()
+
+        def push_messages(self, messages):
+            with self.lock:
+                self.now += 1
+                self.most = max(self.most, self.now)
+            time.sleep(0.05)
+            with self.lock:
+                self.now -= 1
+            return list(messages)
+
+    shared, other = SlowGrid(), SlowGrid()
+    proxies = [PromptReplies(shared) for _ in range(5)] + [PromptReplies(other) for _ in range(2)]
+    threads = [threading.Thread(target=p.push_messages, args=([i],))
+               for i, p in enumerate(proxies)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert shared.most == 1 and other.most == 1
+
+
+def test_a_push_after_another_sends_only_its_own_objects(monkeypatch):
+    """Why the pushes are ordered, on the installed Flower's object store: two messages with
+    the same arrays, registered side by side, are both asked for every object; registered after
+    the first one's objects are stored, the second is asked only for its own."""
+    import numpy as np
+    from flwr.app import ArrayRecord, Message, RecordDict
+    from flwr.supercore.inflatable.inflatable_object import (
+        get_all_nested_objects,
+        get_object_tree,
+    )
+    from flwr.supercore.object_store.in_memory_object_store import InMemoryObjectStore
+    from flwr.supercore.task_identity import TaskIdentity
+
+    for name in ("_run_id", "_node_id", "_task_id"):
+        monkeypatch.setattr(TaskIdentity, name, 1)
+    model = ArrayRecord([np.arange(1000, dtype=np.float32), np.ones(7, dtype=np.float32)])
+
+    def message(node):
+        m = Message(RecordDict({"arrays": model}), dst_node_id=node, message_type="train")
+        m.metadata.__dict__["_message_id"] = m.object_id
+        return m
+
+    def arrays(ids):
+        return {i for i in ids if i in {a.object_id for a in model.values()}}
+
+    first, second = message(1), message(2)
+    side_by_side = InMemoryObjectStore()
+    asked_first = side_by_side.preregister(1, get_object_tree(first))
+    asked_second = side_by_side.preregister(1, get_object_tree(second))
+    assert len(arrays(asked_first)) == len(arrays(asked_second)) == 2  # the model twice
+
+    in_order = InMemoryObjectStore()
+    for object_id in in_order.preregister(1, get_object_tree(first)):
+        in_order.put(object_id, get_all_nested_objects(first)[object_id].deflate())
+    asked_second = in_order.preregister(1, get_object_tree(second))
+    assert asked_second and not arrays(asked_second)  # its own message object, no arrays
