@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Issue 18's measurement on a borrowed many-core machine that has no package registry
-# (docs/PERFORMANCE.md, "On a 16-core machine"): the simulated round against the warm and the
-# quick-pull deployed rounds of the FMNIST preset (20 SuperNodes, 5 training and 5 evaluating a
-# round, one thread per client), in one call whose parts each run under their own time limit, so
-# a part that stalls cannot take the others' time and what finished is kept.
+# (docs/PERFORMANCE.md, "On a 16-core machine"): the simulated round against the held-pull,
+# quick-pull and warm deployed rounds of the FMNIST preset (20 SuperNodes, 5 training and 5
+# evaluating a round, one thread per client), in that order (the last one measured there before),
+# in one call whose parts each run under their own time limit, so a part that stalls cannot take
+# the others' time and what finished is kept.
 #
 #   bash deploy/lent-machine.sh pack DIR   # here: DIR/site.tar.xz (deploy/offline-site.sh, 28 MB)
 #                                          # and DIR/fmnist/*.xz (Fashion-MNIST, 26 MB)
@@ -12,8 +13,8 @@
 # `run` writes to $OUT (default /tmp/lent-out) at most 8 files: sim.log, sim.json, deploy.log,
 # deploy.json (simulations.deploy_benchmark's reports), message_timing.png, top.log (top every
 # 30 s: what a slow part was doing) and raylogs.txt (the tails of Ray's logs after the simulation).
-# Environment: ROUNDS (3), SIM_S (200) and DEP_S (290), the seconds the simulation and the two
-# deployments may take; LOCAL=1 uses this machine's packages and $FEDAPPS_DATA_ROOT instead of
+# Environment: ROUNDS (3), SIM_S (200) and DEP_S (290), the seconds the simulation and the three
+# deployments may take (each deployment's report is written as it ends); LOCAL=1 uses this machine's packages and $FEDAPPS_DATA_ROOT instead of
 # DIR (a dry run of `run` here: ROUNDS=1 takes about 5 minutes on 2 cores).
 set -u
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -76,7 +77,7 @@ run)
   done > "$OUT/raylogs.txt" 2>/dev/null
   leftovers
   timeout -k 5 "$DEP_S" python3 -m simulations.deploy_benchmark --out /tmp/lent-deploy \
-    --modes deploy_quick,deploy_warm --progress "${sets[@]}" > "$OUT/deploy.log" 2>&1
+    --modes deploy_held,deploy_quick,deploy_warm --progress "${sets[@]}" > "$OUT/deploy.log" 2>&1
   echo "deployments: exit $? at $((SECONDS - t0)) s"
   cp /tmp/lent-deploy/deploy_benchmark.json "$OUT/deploy.json" 2>/dev/null
   cp /tmp/lent-deploy/message_timing.png "$OUT/" 2>/dev/null
