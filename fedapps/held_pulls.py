@@ -77,7 +77,7 @@ class Arrivals:
     def hold(self, pull: Callable[[], R], is_empty: Callable[[R], bool], seconds: float,
              clock: Callable[[], float] = time.monotonic) -> R:
         """`pull()` until it finds something or `seconds` have passed, waiting for an arrival
-        between tries; at once, as one `pull()`, when `max_held` pulls are held already."""
+        between tries; at once, as one `pull()`, when every slot holds a pull already."""
         if not self._slots.acquire(blocking=False):
             return pull()
         try:

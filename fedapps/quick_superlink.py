@@ -4,9 +4,9 @@ Flower's SuperNode pulls the SuperLink for its next message and, when there is n
 (3 s; a quick SuperNode 0.05-3 s, fedapps/quick_supernode.py) before it pulls again, so every
 step of a round starts on each node up to one sleep late and the server waits for the latest.
 This entry runs Flower's own SuperLink with its Fleet pulls held (fedapps/held_pulls.py): a
-pull that finds no message for the node waits up to `--link-hold` seconds and is answered as soon as
-the ServerApp stores one, and a pull of an object the ServerApp has announced but not pushed
-yet waits (as long) for the push. A quick SuperNode notices a held answer and pulls again at
+pull that finds no message for the node waits up to `--link-hold` seconds and is answered as
+soon as the ServerApp stores one, and a pull of an object the ServerApp has announced but not
+pushed yet waits (as long) for the push. A quick SuperNode notices a held answer and pulls again at
 once; a stock `flower-supernode` keeps its 3 s sleep after each held answer, so gains less.
 
     python -m fedapps.quick_superlink --link-hold 5 <flower-superlink arguments>
