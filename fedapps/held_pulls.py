@@ -74,18 +74,17 @@ class Arrivals:
             self._closed = True
             self._changed.notify_all()
 
-    def hold(self, pull: Callable[[], R], is_empty: Callable[[R], bool], seconds: float,
-             clock: Callable[[], float] = time.monotonic) -> R:
+    def hold(self, pull: Callable[[], R], is_empty: Callable[[R], bool], seconds: float) -> R:
         """`pull()` until it finds something or `seconds` have passed, waiting for an arrival
         between tries; at once, as one `pull()`, when every slot holds a pull already."""
         if not self._slots.acquire(blocking=False):
             return pull()
         try:
-            deadline = clock() + seconds
+            deadline = time.monotonic() + seconds
             while True:
                 seen = self.count
                 result = pull()
-                left = deadline - clock()
+                left = deadline - time.monotonic()
                 if not is_empty(result) or left <= 0 or self._closed:
                     return result
                 with self._changed:

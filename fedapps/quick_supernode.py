@@ -36,6 +36,7 @@ import re
 import sys
 import time
 from collections.abc import Callable
+from logging import INFO
 from types import ModuleType
 from typing import Any
 
@@ -139,7 +140,11 @@ def install(pull_interval: float) -> QuickSleeps:
     quick = QuickSleeps(pull_interval)
     loop.time = quick
     shorten(loop, "pull_objects", cap=pull_interval, first=SHORTEST_PULL_SECONDS)
-    hold_runtime_pulls()
+    if not hold_runtime_pulls():
+        from flwr.supercore import log
+
+        log(INFO, "[fedapps] the Runtime API's pulls left as they are (not flwr 1.41-1.42's):"
+                  " the warm ClientApp polls its SuperNode")
     return quick
 
 
