@@ -20,6 +20,7 @@ from clients.base import handshake
 from clients.faulty import FaultyClient
 from fedapps.data import federated_data
 from fedapps.errors import ConfigError
+from fedapps.packed_arrays import packed_arrays_mod
 from fedapps.registry import ALGORITHMS, algo_settings
 from fedapps.rundir import check_run_id
 from fedapps.runtime import config_from_run, dataset_task, select_device, train_settings
@@ -112,4 +113,4 @@ def client_state_dir(node: Mapping[str, Any], run_config: Mapping[str, Any], cfg
     return Path(str(root)) / str(cfg.output["run-name"]) / run_id / f"partition-{partition_id}"
 
 
-app = ClientApp(client_fn=client_fn)
+app = ClientApp(client_fn=client_fn, mods=[packed_arrays_mod])

@@ -16,7 +16,8 @@ waits between steps"): no change in the warm deployed round on that setting (11.
 removes up to 3 s a step wherever replies are the last thing waited for. The same grid's pulls
 of a reply's objects retry on a short schedule too (`prompt_reply_objects`), and the pushes of
 a step's messages go one at a time, so the model reaches the SuperLink once a step rather than
-once per client (`push_lock`).
+once per client (`push_lock`), and a message's legacy arrays travel as one object
+(`fedapps.packed_arrays`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ from typing import Any
 
 from flwr.app import Message
 from flwr.serverapp import Grid
+
+from fedapps.held_pulls import HELD_SECONDS
+from fedapps.packed_arrays import PackingError, pack_content, unpack_content
 
 REPLY_POLL_FIRST_SECONDS, REPLY_POLL_MAX_SECONDS = 0.05, 0.5
 _UNKNOWN_PULL: list[bool] = []  # non-empty once the warning below was logged
@@ -67,30 +71,54 @@ class PromptReplies(Grid):
         return self.grid.get_nodes()
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
-        """One push at a time per grid (`push_lock`): the step's messages share the model's
+        """Each message's legacy arrays packed into one object (fedapps/packed_arrays.py),
+        and one push at a time per grid (`push_lock`): the step's messages share the model's
         arrays, which the SuperLink asks for again while an earlier push is still sending them,
         so pushed side by side every message sent the whole model (5 x 2.19 MB a fit step of
         the FMNIST preset); one after another, the second and later send only their own small
         objects (docs/PERFORMANCE.md, "Held pulls and one copy of the model a step")."""
+        messages = list(messages)
+        for message in messages:
+            if isinstance(message, Message) and message.has_content():
+                pack_content(message.content)
         with push_lock(self.grid):
             return self.grid.push_messages(messages)
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
-        return self.grid.pull_messages(message_ids)
+        """The replies, their packed arrays unpacked; a reply whose packing is malformed is
+        left packed (logged), and the upload check then rejects its single undecodable
+        array list (strategies/uploads.py)."""
+        replies = list(self.grid.pull_messages(message_ids))
+        for reply in replies:
+            if isinstance(reply, Message) and reply.has_content():
+                try:
+                    unpack_content(reply.content)
+                except PackingError as err:
+                    from flwr.supercore import log
+
+                    log(WARNING, "[fedapps] reply from node %s: packed arrays malformed (%s)",
+                        reply.metadata.src_node_id, err)
+        return replies
 
     def send_and_receive(self, messages: Iterable[Message], *,
                          timeout: float | None = None) -> Iterable[Message]:
-        """Push, then pull until every message has its reply or `timeout` seconds passed."""
+        """Push, then pull until every message has its reply or `timeout` seconds passed
+        (a pull held by a holding SuperLink, fedapps/quick_superlink.py, may end up to its
+        hold after the timeout); after a held pull, pull again at once."""
         pending = set(self.push_messages(messages))
         end = None if timeout is None else self.clock() + timeout
         replies: list[Message] = []
         wait = self.first
         while end is None or self.clock() < end:
+            asked = self.clock()
             got = list(self.pull_messages(pending))
             replies.extend(got)
             pending.difference_update(m.metadata.reply_to_message_id for m in got)
             if not pending:
                 break
+            if self.clock() - asked >= HELD_SECONDS:  # a holding SuperLink held the pull
+                wait = self.first  # and answers the next one as soon as a reply is stored
+                continue
             self.sleep(wait)
             wait = min(2 * wait, self.most)
         return replies
