@@ -27,7 +27,7 @@ import importlib
 import inspect
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, TypeVar
@@ -116,16 +116,22 @@ def close_on_exit(arrivals: Arrivals) -> None:
     add_exit_handler(arrivals.close, run_before_force_exit=True)
 
 
+def any_request(request: Any) -> bool:
+    return True
+
+
 @dataclass(frozen=True)
 class HeldHandler:
     """A Flower pull handler to hold: `name` in its module, with these parameters (as flwr
-    1.41-1.42 has them), woken by the `store` method of the classes `stores` (module, class)."""
+    1.41-1.42 has them), woken by the `store` method of the classes `stores` (module, class);
+    `holds(request)`: whether this request may be held (others are answered as by Flower)."""
 
     name: str
     parameters: tuple[str, ...]
     stores: tuple[tuple[str, str], ...]
     store: str
     is_empty: Callable[[Any], bool]
+    holds: Callable[[Any], bool] = any_request
 
     def store_classes(self) -> list[type]:
         return [getattr(importlib.import_module(m), c) for m, c in self.stores]
@@ -146,32 +152,39 @@ def unknown(module: ModuleType, handlers: tuple[HeldHandler, ...]) -> str | None
     return None
 
 
-def hold_handlers(module: ModuleType, handlers: tuple[HeldHandler, ...], seconds: float
+def hold_handlers(held: Sequence[tuple[ModuleType, HeldHandler]], seconds: float
                   ) -> dict[str, Arrivals]:
-    """Hold each handler's empty answers in this process, woken by its stores; all share
-    MAX_HELD threads (one server's pool); held pulls are answered when the process exits."""
+    """Hold each (module, handler)'s empty answers in this process, woken by its store; the
+    handlers of one store share its arrivals, all share MAX_HELD threads (one server's pool);
+    held pulls are answered when the process exits. Keyed "<module's last name>.<handler>"."""
     slots = threading.BoundedSemaphore(MAX_HELD)
-    held = {}
-    for handler in handlers:
-        arrivals = held[handler.name] = Arrivals(slots)
-        for cls in handler.store_classes():
-            notify_after(cls, handler.store, arrivals)
-        hold_function(module, handler.name, arrivals, seconds, handler.is_empty)
-        close_on_exit(arrivals)
-    return held
+    by_store: dict[tuple[Any, ...], Arrivals] = {}
+    result = {}
+    for module, handler in held:
+        key = (handler.stores, handler.store)
+        if key not in by_store:
+            arrivals = by_store[key] = Arrivals(slots)
+            for cls in handler.store_classes():
+                notify_after(cls, handler.store, arrivals)
+            close_on_exit(arrivals)
+        hold_function(module, handler, by_store[key], seconds)
+        result[f"{module.__name__.rsplit('.', 1)[-1]}.{handler.name}"] = by_store[key]
+    return result
 
 
-def hold_function(module: ModuleType, name: str, arrivals: Arrivals, seconds: float,
-                  is_empty: Callable[[Any], bool]) -> None:
-    """Replace `module.name`, a pull handler, with one that holds an empty answer."""
-    handler = getattr(module, name)
+def hold_function(module: ModuleType, spec: HeldHandler, arrivals: Arrivals,
+                  seconds: float) -> None:
+    """Replace `module.<spec.name>`, a pull handler, with one that holds an empty answer."""
+    handler = getattr(module, spec.name)
 
     @functools.wraps(handler)
     def held(*args: Any, **kwargs: Any) -> Any:
-        return arrivals.hold(lambda: handler(*args, **kwargs), is_empty, seconds)
+        if not spec.holds(kwargs["request"] if "request" in kwargs else args[0]):
+            return handler(*args, **kwargs)
+        return arrivals.hold(lambda: handler(*args, **kwargs), spec.is_empty, seconds)
 
     held.__wrapped_by_fedapps__ = True  # type: ignore[attr-defined]
-    setattr(module, name, held)
+    setattr(module, spec.name, held)
 
 
 def notify_after(cls: type, name: str, arrivals: Arrivals) -> None:

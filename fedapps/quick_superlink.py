@@ -1,17 +1,20 @@
-"""`flower-superlink` whose Fleet API holds an empty pull until a message arrives: opt-in.
+"""`flower-superlink` that holds an empty pull until what it asks for arrives: opt-in.
 
 Flower's SuperNode pulls the SuperLink for its next message and, when there is none, sleeps
 (3 s; a quick SuperNode 0.05-3 s, fedapps/quick_supernode.py) before it pulls again, so every
-step of a round starts on each node up to one sleep late and the server waits for the latest.
-This entry runs Flower's own SuperLink with its Fleet pulls held (fedapps/held_pulls.py): a
-pull that finds no message for the node waits up to `--link-hold` seconds and is answered as
-soon as the ServerApp stores one, and a pull of an object the ServerApp has announced but not
-pushed yet waits (as long) for the push. A quick SuperNode notices a held answer and pulls again at
-once; a stock `flower-supernode` keeps its 3 s sleep after each held answer, so gains less.
+step of a round starts on each node up to one sleep late and the server waits for the latest;
+and the ServerApp polls for each node's reply (every 0.05-0.5 s, strategies/replies.py). This
+entry runs Flower's own SuperLink with those pulls held (fedapps/held_pulls.py): a node's pull
+that finds no message waits up to `--link-hold` seconds and is answered as soon as the
+ServerApp stores one; the ServerApp's pull for the replies to its messages is answered as soon
+as a node's reply is stored; and a pull of an object announced but not pushed yet (a model on
+its way in either direction) waits as long for the push. A quick SuperNode and a fedapps
+ServerApp notice a held answer and pull again at once; a stock `flower-supernode` keeps its 3 s
+sleep after each held answer, so gains less.
 
     python -m fedapps.quick_superlink --link-hold 5 <flower-superlink arguments>
 
-It refuses to start on a Flower whose Fleet handlers or stores it does not recognise.
+It refuses to start on a Flower whose pull handlers or stores it does not recognise.
 `fedapps deploy-local --link-hold S` starts it.
 """
 
@@ -37,12 +40,23 @@ from fedapps.quick_supernode import run_patched
 # HTTP timeout (30 s in flwr 1.41-1.42).
 LONGEST_HOLD_SECONDS = 20.0
 FLEET_HANDLERS = "flwr.superlink.servicer.fleet.fleet_handlers"
+LINK_STATES = (("flwr.server.superlink.linkstate.in_memory_linkstate", "InMemoryLinkState"),
+               ("flwr.server.superlink.linkstate.sql_linkstate", "SqlLinkState"))
 HANDLERS = (
-    HeldHandler("pull_messages", ("request", "state", "store"),
-                (("flwr.server.superlink.linkstate.in_memory_linkstate", "InMemoryLinkState"),
-                 ("flwr.server.superlink.linkstate.sql_linkstate", "SqlLinkState")),
+    HeldHandler("pull_messages", ("request", "state", "store"), LINK_STATES,
                 "store_message_ins", lambda response: not response.messages_list),
     HeldHandler("pull_object", ("request", "state"), OBJECT_STORES, "put", object_pending),
+)
+# The ServerApp's side (its Runtime API, once ServerAppIo): a pull for the replies to given
+# messages waits until a node's reply is stored, a pull of a reply's object not pushed yet
+# until it is (Flower's own empty pulls, for no message in particular, are left alone).
+RUNTIME_HANDLERS = "flwr.superlink.servicer.runtime.runtime_handlers"
+REPLY_HANDLERS = (
+    HeldHandler("pull_messages", ("request", "state", "task"), LINK_STATES,
+                "store_message_res", lambda response: not response.messages_list,
+                holds=lambda request: bool(request.message_ids)),
+    HeldHandler("pull_object", ("request", "state", "task"), OBJECT_STORES, "put",
+                object_pending),
 )
 
 
@@ -52,31 +66,37 @@ def check_hold(seconds: float) -> None:
                           f"{LONGEST_HOLD_SECONDS:g} s")
 
 
-def check_flower(handlers: ModuleType) -> None:
-    """Refuse a Flower whose Fleet pull handlers or stores are not the ones this patches."""
+def held_modules() -> list[tuple[ModuleType, tuple[HeldHandler, ...]]]:
+    return [(importlib.import_module(FLEET_HANDLERS), HANDLERS),
+            (importlib.import_module(RUNTIME_HANDLERS), REPLY_HANDLERS)]
+
+
+def check_flower() -> None:
+    """Refuse a Flower whose Fleet or Runtime pull handlers or stores are not the ones this
+    patches."""
     import flwr
 
-    differs = unknown(handlers, HANDLERS)
-    if differs is not None:
-        raise ConfigError(f"--link-hold: flwr {flwr.__version__}'s Fleet API is not the one "
-                          f"this option holds (flwr 1.41-1.42: {differs}); run without "
-                          f"--link-hold")
+    for module, handlers in held_modules():
+        differs = unknown(module, handlers)
+        if differs is not None:
+            raise ConfigError(f"--link-hold: flwr {flwr.__version__}'s SuperLink is not the "
+                              f"one this option holds (flwr 1.41-1.42: {differs}); run "
+                              f"without --link-hold")
 
 
 def check(seconds: float) -> None:
     """What `install` would refuse, as a ConfigError, before any process starts."""
     check_hold(seconds)
-    check_flower(importlib.import_module(FLEET_HANDLERS))
+    check_flower()
 
 
 def install(seconds: float) -> dict[str, Arrivals]:
-    """Hold empty Fleet pulls in this process: a pull for a message until the link state
-    stores one, a pull for an object announced but not pushed yet until the object store
-    stores one."""
-    check_hold(seconds)
-    handlers = importlib.import_module(FLEET_HANDLERS)
-    check_flower(handlers)
-    return hold_handlers(handlers, HANDLERS, seconds)
+    """Hold empty pulls in this process: a node's pull for a message until the link state
+    stores one, the ServerApp's pull for replies until one is stored, and a pull of an object
+    announced but not pushed yet until the object store stores one."""
+    check(seconds)
+    return hold_handlers([(module, spec) for module, handlers in held_modules()
+                          for spec in handlers], seconds)
 
 
 def command(seconds: float, superlink_args: list[str]) -> list[str]:

@@ -157,7 +157,7 @@ def hold_runtime_pulls(seconds: float = TASK_HOLD_SECONDS) -> bool:
     handlers = importlib.import_module(RUNTIME_HANDLERS)
     if unknown(handlers, RUNTIME_HELD) is not None:
         return False
-    hold_handlers(handlers, RUNTIME_HELD, seconds)
+    hold_handlers([(handlers, spec) for spec in RUNTIME_HELD], seconds)
     return True
 
 

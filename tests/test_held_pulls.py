@@ -149,17 +149,17 @@ def test_a_held_handler_is_woken_by_its_store(tmp_path, monkeypatch):
     spec = HeldHandler("pull", ("request", "state"), (("fake_store", "Store"),), "put",
                        lambda v: v is None)
     assert unknown(handlers, (spec,)) is None
-    held = hold_handlers(handlers, (spec,), 5.0)
+    held = hold_handlers([(handlers, spec)], 5.0)
     store = store_module.Store()
     later(0.3, lambda: store.put("message"))
     t = time.monotonic()
     assert handlers.pull("request", store) == "message"
     assert 0.25 < time.monotonic() - t < 2.0
-    assert held["pull"].count == 1 and is_wrapped(handlers.pull)
+    assert held["fake_handlers.pull"].count == 1 and is_wrapped(handlers.pull)
     assert is_wrapped(store_module.Store.put)
     # installed once: the wrapped handler and store are "unknown" to a second install
     assert "found" in unknown(handlers, (spec,))
-    held["pull"].close()
+    held["fake_handlers.pull"].close()
 
 
 def test_a_handler_with_other_parameters_is_not_held(tmp_path, monkeypatch):
@@ -174,7 +174,8 @@ def test_a_handler_with_other_parameters_is_not_held(tmp_path, monkeypatch):
 def flower_restored(monkeypatch):
     """Whatever the holds patch in Flower (handlers, store methods) is put back afterwards."""
     for module_name, specs in ((quick_supernode.RUNTIME_HANDLERS, quick_supernode.RUNTIME_HELD),
-                               (quick_superlink.FLEET_HANDLERS, quick_superlink.HANDLERS)):
+                               (quick_superlink.FLEET_HANDLERS, quick_superlink.HANDLERS),
+                               (quick_superlink.RUNTIME_HANDLERS, quick_superlink.REPLY_HANDLERS)):
         module = importlib.import_module(module_name)
         for spec in specs:
             monkeypatch.setattr(module, spec.name, getattr(module, spec.name))
@@ -208,10 +209,52 @@ def test_a_quick_nodes_runtime_api_holds_a_task_acquisition(flower_restored):
 def test_a_holding_superlink_wraps_its_fleet_pulls_once(flower_restored):
     handlers = importlib.import_module(quick_superlink.FLEET_HANDLERS)
     held = quick_superlink.install(5.0)
-    assert sorted(held) == ["pull_messages", "pull_object"]
-    assert is_wrapped(handlers.pull_messages) and is_wrapped(handlers.pull_object)
+    assert sorted(held) == ["fleet_handlers.pull_messages", "fleet_handlers.pull_object",
+                            "runtime_handlers.pull_messages", "runtime_handlers.pull_object"]
+    # the object pulls of nodes and ServerApp wake on the same store's puts
+    assert held["fleet_handlers.pull_object"] is held["runtime_handlers.pull_object"]
+    assert held["fleet_handlers.pull_messages"] is not held["runtime_handlers.pull_messages"]
+    replies = importlib.import_module(quick_superlink.RUNTIME_HANDLERS)
+    for module in (handlers, replies):
+        assert is_wrapped(module.pull_messages) and is_wrapped(module.pull_object)
     with pytest.raises(ConfigError, match="run without --link-hold"):
         quick_superlink.check(5.0)
+
+
+def test_a_holding_superlink_holds_the_serverapps_pull_for_its_replies(flower_restored):
+    """On the installed Flower's Runtime API handler: a pull for the replies to given messages
+    waits for a stored reply; Flower's own pull for no message in particular is answered at
+    once (as before)."""
+    from flwr.proto.runtime_pb2 import PullAppMessagesRequest
+
+    handlers = importlib.import_module(quick_superlink.RUNTIME_HANDLERS)
+    held = quick_superlink.install(5.0)
+    stored = []
+
+    class State:  # the link state as the handler reads it; a reply is stored at 0.3 s
+        object_store = None
+
+        def get_message_res(self, message_ids, run_id):
+            return list(stored)
+
+        def get_message_ins(self, node_id, limit, run_id):
+            return []
+
+        def delete_messages(self, message_ins_ids):
+            pass
+
+    task = types.SimpleNamespace(run_id=1)
+    t = time.monotonic()
+    assert not handlers.pull_messages(PullAppMessagesRequest(message_ids=[]), State(), task
+                                      ).messages_list
+    assert time.monotonic() - t < 0.2
+    reply = types.SimpleNamespace(metadata=types.SimpleNamespace(
+        run_id=1, message_id="r", reply_to_message_id="m"))
+    later(0.3, lambda: (stored.append(reply), held["runtime_handlers.pull_messages"].arrived()))
+    t = time.monotonic()
+    with pytest.raises(AttributeError):  # the handler went on to read the (fake) reply
+        handlers.pull_messages(PullAppMessagesRequest(message_ids=["m"]), State(), task)
+    assert 0.25 < time.monotonic() - t < 2.0
 
 
 def test_the_installed_flower_has_the_handlers_these_hold():

@@ -53,6 +53,22 @@ def test_replies_are_looked_for_on_a_short_doubling_schedule():
     assert clock.now == pytest.approx(2.25)
 
 
+def test_after_a_held_pull_the_next_pull_is_at_once():
+    """A pull that took a second or more was held by a holding SuperLink, which answers as
+    soon as a reply is stored: pull again without sleeping (a quick empty one: the schedule)."""
+    grid, clock = ScriptedGrid([[], [], [], ["m0"]]), Clock()
+    pull = grid.pull_messages
+
+    def held_then_quick(ids):  # the 2nd and 3rd pulls held 5 s each
+        clock.now += 5.0 if grid.pulls in (1, 2) else 0.01
+        return pull(ids)
+
+    grid.pull_messages = held_then_quick
+    got = PromptReplies(grid, sleep=clock.sleep, clock=clock).send_and_receive(["a"])
+    assert [m.metadata.reply_to_message_id for m in got] == ["m0"]
+    assert clock.slept == [0.05] and grid.pulls == 4
+
+
 def test_a_timeout_returns_the_replies_so_far():
     grid, clock = ScriptedGrid([["m0"]]), Clock()
     got = PromptReplies(grid, sleep=clock.sleep, clock=clock).send_and_receive(
