@@ -36,6 +36,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from fedapps.deploy import SuperNode, run_federation
@@ -166,6 +167,7 @@ class CpuSampler(threading.Thread):
         self.period, self.stop = period, threading.Event()
         self.before = {pid: cpu_seconds(pid) for pid in descendants(os.getpid())}
         self.last: dict[int, tuple[str, float]] = {}
+        self.history: list[tuple[float, dict[str, float]]] = []  # (time.monotonic(), sums)
 
     def run(self) -> None:
         while not self.stop.is_set():
@@ -174,15 +176,52 @@ class CpuSampler(threading.Thread):
                 used = cpu_seconds(pid) - self.before.get(pid, 0.0)
                 if used > 0:
                     self.last[pid] = (kind, used)
+            self.history.append((time.monotonic(), self.sums()))
             time.sleep(self.period)
+
+    def sums(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for kind, used in list(self.last.values()):
+            out[kind] = out.get(kind, 0.0) + used
+        return out
 
     def totals(self) -> dict[str, float]:
         self.stop.set()
         self.join()
-        out: dict[str, float] = {}
-        for kind, used in self.last.values():
-            out[kind] = round(out.get(kind, 0.0) + used, 1)
-        return dict(sorted(out.items()))
+        return {kind: round(used, 1) for kind, used in sorted(self.sums().items())}
+
+    def per_round(self, ends: dict[int, float]) -> dict[str, float]:
+        """CPU seconds a steady round, per kind: from the first round's end to the last's
+        (`ends`: round -> when its progress line came), over the rounds between, each end
+        read from the first sample after it ({} with fewer than two rounds)."""
+        if len(ends) < 2 or not self.history:
+            return {}
+        first, last = min(ends), max(ends)
+
+        def at(t: float) -> dict[str, float]:
+            return next((sums for when, sums in self.history if when >= t),
+                        self.history[-1][1])
+
+        start, end = at(ends[first]), at(ends[last])
+        return {kind: round((end[kind] - start.get(kind, 0.0)) / (last - first), 2)
+                for kind in sorted(end) if end[kind] - start.get(kind, 0.0) > 0.005}
+
+
+ROUND_LINE = re.compile(r"\[fedapps\] round (\d+)/\d+\s")
+
+
+class RoundEnds:
+    """A run's `show` filter that notes when each round's progress line came (time.monotonic()),
+    passing every line on to `show`."""
+
+    def __init__(self, show: Callable[[str], bool]) -> None:
+        self.show, self.ends = show, {}
+
+    def __call__(self, line: str) -> bool:
+        match = ROUND_LINE.search(line)
+        if match:
+            self.ends[int(match.group(1))] = time.monotonic()
+        return self.show(line)
 
 
 def round_stats(run_dir: Path) -> dict:
@@ -242,6 +281,20 @@ def memory_table(report: dict, modes: list[str]) -> str:
         return ""
     return "\n".join(["| mode | task | tasks | resident before | + its input | + the task | after "
                       "| raised the peak by | peak |", "| --- " * 9 + "|", *rows])
+
+
+def cpu_table(report: dict, modes: list[str]) -> str:
+    """CPU seconds a steady round by kind of process, per mode, beside its steady round."""
+    runs = [m for m in modes if report.get(m, {}).get("cpu_seconds_per_round")]
+    kinds = sorted({k for m in runs for k in report[m]["cpu_seconds_per_round"]})
+    lines = [f"| mode | steady round | CPU s a round: {' | '.join(kinds)} | all |",
+             "| --- " * (len(kinds) + 3) + "|"]
+    for m in runs:
+        used = report[m]["cpu_seconds_per_round"]
+        lines.append(f"| {m} | {report[m].get('steady_seconds', 0):.2f} | "
+                     + " | ".join(f"{used.get(k, 0):.2f}" for k in kinds)
+                     + f" | {sum(used.values()):.2f} |")
+    return "\n".join(lines)
 
 
 def timing_table(report: dict, modes: list[str]) -> str:
@@ -383,9 +436,11 @@ def main(argv: list[str] | None = None) -> int:
         cpu = CpuSampler()
         cpu.start()
         t = time.perf_counter()
-        status = run_experiment(args.experiment, sets, n, args.out / "simulation", show=show)
+        rounds = RoundEnds(show)
+        status = run_experiment(args.experiment, sets, n, args.out / "simulation", show=rounds)
         report["simulation"] = {"status": status, "wall_s": round(time.perf_counter() - t, 1),
                                 "cpu_seconds": cpu.totals(),
+                                "cpu_seconds_per_round": cpu.per_round(rounds.ends),
                                 **round_stats(args.out / "simulation")}
         save_partial(report, args.out, "simulation")
     for name in [m for m in modes if m.startswith("deploy")]:
@@ -399,11 +454,13 @@ def main(argv: list[str] | None = None) -> int:
             mode["pull_interval"] = args.pull_interval
         if name == "deploy_held":
             mode["link_hold"] = args.link_hold
-        status = run_federation(args.experiment, sets, n, args.out / name, show=show,
+        rounds = RoundEnds(show)
+        status = run_federation(args.experiment, sets, n, args.out / name, show=rounds,
                                 state_root=args.out / f"{name}-state", during=sampler, **mode)
         sampler.stop.set()
         report[name] = {"status": status, "wall_s": round(time.perf_counter() - t, 1),
                         "cpu_seconds": cpu.totals(),
+                        "cpu_seconds_per_round": cpu.per_round(rounds.ends),
                         "clientapp_processes": len(sampler.clientapp_pids),
                         "peak_tree_rss_mb": sampler.peak_tree_rss // 1024,
                         "peak_tree_pss_mb": sampler.peak_tree_pss // 1024,
@@ -414,6 +471,7 @@ def main(argv: list[str] | None = None) -> int:
         save_partial(report, args.out, name)
     print(json.dumps(report, indent=1))
     print(timing_table(report, modes))
+    print(cpu_table(report, modes))
     print(memory_table(report, modes))
     plot = plot_message_segments(report, modes, args.out / "message_timing.png")
     if plot is not None:

@@ -41,3 +41,24 @@ def test_cpu_is_counted_by_kind_from_the_samplers_start(tmp_path):
     assert 1.0 <= totals["supernode"] < 1.5
     assert totals.get("other", 0.0) < 0.3
     assert command_line(proc.pid) == "" and cpu_seconds(proc.pid) == 0.0 and not running(proc.pid)
+
+
+def test_cpu_a_steady_round_runs_from_the_first_rounds_end_to_the_last():
+    """Each end is read from the first sample after it; the sum is spread over the rounds
+    between (here rounds 2 and 3); a kind that used nothing in between is left out."""
+    from simulations.deploy_benchmark import RoundEnds
+
+    sampler = CpuSampler()
+    sampler.history = [(0.0, {"superlink": 1.0, "clientapp": 5.0}),
+                       (1.0, {"superlink": 2.0, "clientapp": 9.0, "other": 0.5}),
+                       (2.0, {"superlink": 2.5, "clientapp": 12.0, "other": 0.5}),
+                       (3.0, {"superlink": 4.0, "clientapp": 17.0, "other": 0.5})]
+    lines = []
+    rounds = RoundEnds(lambda line: lines.append(line) or True)
+    for line in ("INFO : [fedapps] round 1/3  G 39.58%", "INFO : [fedapps] fedavg-fmnist: x",
+                 "INFO : [fedapps] round 3/3  G 40.66%"):
+        assert rounds(line)
+    assert len(lines) == 3 and sorted(rounds.ends) == [1, 3]
+    rounds.ends = {1: 0.5, 3: 2.5}
+    assert sampler.per_round(rounds.ends) == {"clientapp": 4.0, "superlink": 1.0}
+    assert sampler.per_round({1: 0.5}) == {}
