@@ -5,18 +5,19 @@ Flower's default ClientApp process per message (`deploy-local --cold`), with one
 ClientApp process per SuperNode (`deploy-local`), and (mode `deploy_quick`) the same with
 SuperNodes that pull every `--pull-interval` seconds while idle (`deploy-local
 --pull-interval`), and (mode `deploy_held`) the quick SuperNodes beside a SuperLink that holds
-an empty pull until a message arrives (`deploy-local --pull-interval S --link-hold S`).
-While a deployment runs, every SuperNode's process tree (SuperNode, Flower's
-SuperExec and ClientApp processes, or the warm ClientApp process) is sampled from /proc: peak
-resident memory (RSS, and PSS, which splits pages shared between processes) of the tree and of
-its largest ClientApp process; and the CPU seconds every process of a run used, by kind
-(SuperLink, SuperNodes, ClientApps, Ray workers, ...). Each run's steady rounds also say where
-each message's time went (results.json `timing`: in the client, or on the way there and back;
-fedapps/timing.py; message_timing.png stacks each part's median per mode and phase), and the
-warm ClientApps' log lines say what each kind of task did to their resident memory (before it,
-pulling its input, running it, the peak; `task_memory`). A fresh interpreter also times what
-each cold message pays before training (imports + data) and one fit, with the peak RSS after
-each stage (and whether the fit imported torch._dynamo), then what importing a warm
+an empty pull until what it asks for arrives (`deploy-local --pull-interval S --link-hold S`).
+While a deployment runs, every SuperNode's process tree (SuperNode, Flower's SuperExec and
+ClientApp processes, or the warm ClientApp process) is sampled from /proc: peak resident memory
+(RSS, and PSS, which splits pages shared between processes) of the tree and of its largest
+ClientApp process; and the CPU seconds every process of a run used, by kind (SuperLink,
+SuperNodes, ClientApps, Ray workers, ...), in all and a steady round (`cpu_seconds_per_round`,
+from the end of round 1 to the end of the last; its table). Each run's steady rounds also say
+where each message's time went (results.json `timing`: in the client, or on the way there and
+back; fedapps/timing.py; message_timing.png stacks each part's median per mode and phase), and
+the warm ClientApps' log lines say what each kind of task did to their resident memory (before
+it, pulling its input, running it, the peak; `task_memory`). A fresh interpreter also times
+what each cold message pays before training (imports + data) and one fit, with the peak RSS
+after each stage (and whether the fit imported torch._dynamo), then what importing a warm
 ClientApp's Flower runtime adds; `--python` runs that probe under another environment's
 interpreter (the lean node install of deploy/README.md). `--progress` prints each run's
 progress lines (rounds, the clients a round waits for), which are quiet otherwise.
