@@ -26,6 +26,9 @@ from flwr.app import Array, ArrayRecord, Context, Message, RecordDict
 
 PACKED_KEY = "fedapps.packed"
 STYPE_PREFIX = "fedapps.packed:"  # + the tensors' own stype (Flower's "numpy.ndarray")
+# More tensors than any model here has (PreResNet18: 56): a reply claiming more is refused
+# before a Python object is made for each (a cheap way to make a server allocate millions).
+MAX_PACKED_TENSORS = 100_000
 
 
 class PackingError(ValueError):
@@ -61,6 +64,8 @@ def unpack_record(record: ArrayRecord) -> ArrayRecord:
     lengths, data = tuple(packed.shape), packed.data
     if not packed.stype.startswith(STYPE_PREFIX):
         raise PackingError(f"stype {packed.stype!r} is not a packed one")
+    if len(lengths) > MAX_PACKED_TENSORS:
+        raise PackingError(f"{len(lengths)} tensors, more than {MAX_PACKED_TENSORS}")
     if any(not isinstance(n, int) or n < 0 for n in lengths) or sum(lengths) != len(data):
         raise PackingError(f"{len(lengths)} lengths adding up to {sum(lengths)} for "
                            f"{len(data)} bytes")

@@ -98,6 +98,7 @@ def test_what_is_not_a_legacy_parameter_list_is_left_alone():
     ((3, 3), "fedapps.packed:numpy.ndarray", "adding up to 6 for 7 bytes"),
     ((8, -1), "fedapps.packed:numpy.ndarray", "adding up to 7"),
     ((7,), "numpy.ndarray", "not a packed one"),
+    ((0,) * 100_000 + (7,), "fedapps.packed:numpy.ndarray", "100001 tensors, more than 100000"),
 ])
 def test_malformed_packing_is_refused(shape, stype, why):
     record = ArrayRecord(array_dict={PACKED_KEY: Array(dtype="", shape=shape, stype=stype,
