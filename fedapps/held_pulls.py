@@ -116,7 +116,8 @@ def close_on_exit(arrivals: Arrivals) -> None:
     add_exit_handler(arrivals.close, run_before_force_exit=True)
 
 
-def any_request(request: Any) -> bool:
+def _any_request(request: Any) -> bool:
+    """Every request may be held (HeldHandler's default)."""
     return True
 
 
@@ -131,7 +132,7 @@ class HeldHandler:
     stores: tuple[tuple[str, str], ...]
     store: str
     is_empty: Callable[[Any], bool]
-    holds: Callable[[Any], bool] = any_request
+    holds: Callable[[Any], bool] = _any_request
 
     def store_classes(self) -> list[type]:
         return [getattr(importlib.import_module(m), c) for m, c in self.stores]
@@ -160,15 +161,15 @@ def hold_handlers(held: Sequence[tuple[ModuleType, HeldHandler]], seconds: float
     slots = threading.BoundedSemaphore(MAX_HELD)
     by_store: dict[tuple[Any, ...], Arrivals] = {}
     result = {}
-    for module, handler in held:
-        key = (handler.stores, handler.store)
+    for module, spec in held:
+        key = (spec.stores, spec.store)
         if key not in by_store:
             arrivals = by_store[key] = Arrivals(slots)
-            for cls in handler.store_classes():
-                notify_after(cls, handler.store, arrivals)
+            for cls in spec.store_classes():
+                notify_after(cls, spec.store, arrivals)
             close_on_exit(arrivals)
-        hold_function(module, handler, by_store[key], seconds)
-        result[f"{module.__name__.rsplit('.', 1)[-1]}.{handler.name}"] = by_store[key]
+        hold_function(module, spec, by_store[key], seconds)
+        result[f"{module.__name__.rsplit('.', 1)[-1]}.{spec.name}"] = by_store[key]
     return result
 
 
@@ -178,13 +179,13 @@ def hold_function(module: ModuleType, spec: HeldHandler, arrivals: Arrivals,
     handler = getattr(module, spec.name)
 
     @functools.wraps(handler)
-    def held(*args: Any, **kwargs: Any) -> Any:
+    def holding(*args: Any, **kwargs: Any) -> Any:
         if not spec.holds(kwargs["request"] if "request" in kwargs else args[0]):
             return handler(*args, **kwargs)
         return arrivals.hold(lambda: handler(*args, **kwargs), spec.is_empty, seconds)
 
-    held.__wrapped_by_fedapps__ = True  # type: ignore[attr-defined]
-    setattr(module, spec.name, held)
+    holding.__wrapped_by_fedapps__ = True  # type: ignore[attr-defined]
+    setattr(module, spec.name, holding)
 
 
 def notify_after(cls: type, name: str, arrivals: Arrivals) -> None:

@@ -10,7 +10,8 @@ these requests, not the bytes, were most of what a deployed round cost beyond th
 
 So a deployed ServerApp (strategies/replies.py) packs every legacy-shaped ArrayRecord of an
 instruction into one Array before pushing it: the tensors' serialized bytes one after another,
-their lengths as its shape; the ClientApp's mod (`packed_arrays_mod`, fedapps/client_app.py)
+their lengths as its shape (each message's content is put back once it is pushed, so the
+packed copy lasts only the push); the ClientApp's mod (`packed_arrays_mod`, fedapps/client_app.py)
 unpacks it before Flower's compat layer reads it, and packs the answer's arrays when the
 instruction came packed; the ServerApp unpacks the answer as it pulls it. The bytes, their
 order and their keys come out as they went in, so the client and the strategy see exactly what
@@ -26,9 +27,10 @@ from flwr.app import Array, ArrayRecord, Context, Message, RecordDict
 
 PACKED_KEY = "fedapps.packed"
 STYPE_PREFIX = "fedapps.packed:"  # + the tensors' own stype (Flower's "numpy.ndarray")
-# More tensors than any model here has (PreResNet18: 56): a reply claiming more is refused
-# before a Python object is made for each (a cheap way to make a server allocate millions).
-MAX_PACKED_TENSORS = 100_000
+# Far more tensors than any model here has (PreResNet18: 56): a reply claiming more is
+# refused before an object is made for each (a few kB of lengths could otherwise make a server
+# build millions of them).
+MAX_PACKED_TENSORS = 10_000
 
 
 class PackingError(ValueError):
@@ -47,6 +49,7 @@ def is_legacy(record: ArrayRecord) -> bool:
 
 
 def is_packed(record: ArrayRecord) -> bool:
+    """Packed by `pack_record` (or claiming to be: `unpack_record` checks the rest)."""
     return list(record.keys()) == [PACKED_KEY]
 
 
@@ -66,7 +69,8 @@ def unpack_record(record: ArrayRecord) -> ArrayRecord:
         raise PackingError(f"stype {packed.stype!r} is not a packed one")
     if len(lengths) > MAX_PACKED_TENSORS:
         raise PackingError(f"{len(lengths)} tensors, more than {MAX_PACKED_TENSORS}")
-    if any(not isinstance(n, int) or n < 0 for n in lengths) or sum(lengths) != len(data):
+    if any(isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in lengths) \
+            or sum(lengths) != len(data):
         raise PackingError(f"{len(lengths)} lengths adding up to {sum(lengths)} for "
                            f"{len(data)} bytes")
     stype, view, start, arrays = packed.stype[len(STYPE_PREFIX):], memoryview(data), 0, {}
@@ -76,12 +80,13 @@ def unpack_record(record: ArrayRecord) -> ArrayRecord:
     return ArrayRecord(array_dict=arrays)
 
 
-def pack_content(content: RecordDict) -> int:
-    """Pack every legacy ArrayRecord of `content` in place; how many were packed."""
-    keys = [k for k, r in content.array_records.items() if is_legacy(r)]
-    for key in keys:
-        content[key] = pack_record(content.array_records[key])
-    return len(keys)
+def pack_content(content: RecordDict) -> dict[str, ArrayRecord]:
+    """Pack every legacy ArrayRecord of `content` in place; the records packed, by key (to put
+    back once the message is sent, so the packed copy of the bytes does not outlive it)."""
+    packed = {k: r for k, r in content.array_records.items() if is_legacy(r)}
+    for key, record in packed.items():
+        content[key] = pack_record(record)
+    return packed
 
 
 def unpack_content(content: RecordDict) -> int:
@@ -99,5 +104,5 @@ def packed_arrays_mod(message: Message, context: Context,
     packed = message.has_content() and unpack_content(message.content) > 0
     reply = call_next(message, context)
     if packed and reply.has_content():
-        pack_content(reply.content)
+        pack_content(reply.content)  # the reply leaves this process: nothing to put back
     return reply

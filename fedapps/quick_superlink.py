@@ -67,6 +67,7 @@ def check_hold(seconds: float) -> None:
 
 
 def held_modules() -> list[tuple[ModuleType, tuple[HeldHandler, ...]]]:
+    """Flower's handler modules this holds, each with the handlers held in it."""
     return [(importlib.import_module(FLEET_HANDLERS), HANDLERS),
             (importlib.import_module(RUNTIME_HANDLERS), REPLY_HANDLERS)]
 

@@ -216,7 +216,8 @@ class RoundEnds:
     passing every line on to `show`."""
 
     def __init__(self, show: Callable[[str], bool]) -> None:
-        self.show, self.ends = show, {}
+        self.show = show
+        self.ends: dict[int, float] = {}
 
     def __call__(self, line: str) -> bool:
         match = ROUND_LINE.search(line)

@@ -30,6 +30,7 @@ from typing import Any
 
 from flwr.app import Message
 from flwr.serverapp import Grid
+from flwr.supercore import log
 
 from fedapps.held_pulls import HELD_SECONDS
 from fedapps.packed_arrays import PackingError, pack_content, unpack_content
@@ -78,24 +79,26 @@ class PromptReplies(Grid):
         the FMNIST preset); one after another, the second and later send only their own small
         objects (docs/PERFORMANCE.md, "Held pulls and one copy of the model a step")."""
         messages = list(messages)
-        for message in messages:
-            if isinstance(message, Message) and message.has_content():
-                pack_content(message.content)
-        with push_lock(self.grid):
-            return self.grid.push_messages(messages)
+        packed = [(m, pack_content(m.content)) for m in messages
+                  if isinstance(m, Message) and m.has_content()]
+        try:
+            with push_lock(self.grid):
+                return self.grid.push_messages(messages)
+        finally:  # the caller keeps its message until the reply: not the packed copy too
+            for message, records in packed:
+                for key, record in records.items():
+                    message.content[key] = record
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
         """The replies, their packed arrays unpacked; a reply whose packing is malformed is
-        left packed (logged), and the upload check then rejects its single undecodable
-        array list (strategies/uploads.py)."""
+        left packed (logged): one tensor where a packed model has several, which the upload
+        check rejects by its count (strategies/uploads.py)."""
         replies = list(self.grid.pull_messages(message_ids))
         for reply in replies:
             if isinstance(reply, Message) and reply.has_content():
                 try:
                     unpack_content(reply.content)
                 except PackingError as err:
-                    from flwr.supercore import log
-
                     log(WARNING, "[fedapps] reply from node %s: packed arrays malformed (%s)",
                         reply.metadata.src_node_id, err)
         return replies
@@ -148,8 +151,6 @@ def hasten(proxy: object) -> bool:
         proxy.grid = PromptReplies(proxy.grid)
         if not prompt_reply_objects() and not _UNKNOWN_PULL:
             _UNKNOWN_PULL.append(True)  # said once a process
-            from flwr.supercore import log
-
             log(WARNING, "[fedapps] Flower's reply object pulls left as they are (not flwr "
                          "1.41-1.42's): a reply whose objects are late waits 1 s or more")
     return isinstance(proxy.grid, PromptReplies)

@@ -88,13 +88,13 @@ def check_upload(res: FitRes, plan: RoundPlan,
     assignment = plan.get(pid)
     if assignment is None:
         return f"client {pid}: not part of round {plan.round} step {plan.step}"
+    expected = assignment.expected
+    if len(res.parameters.tensors) != len(expected):  # counted before anything is decoded
+        return f"client {pid}: {len(res.parameters.tensors)} arrays, expected {len(expected)}"
     try:
         arrays = parameters_to_ndarrays(res.parameters)  # np.load(allow_pickle=False)
     except Exception as err:  # malformed bytes from the network
         return f"client {pid}: undecodable arrays ({type(err).__name__})"
-    expected = assignment.expected
-    if len(arrays) != len(expected):
-        return f"client {pid}: {len(arrays)} arrays, expected {len(expected)}"
     for i, (got, want) in enumerate(zip(arrays, expected, strict=True)):
         if got.shape != want.shape or got.dtype != want.dtype:
             return (f"client {pid}: array {i} is {got.dtype}{list(got.shape)}, expected "

@@ -61,7 +61,7 @@ def test_a_legacy_parameter_list_travels_as_one_array_and_comes_back_byte_for_by
     sent = fitins_to_recorddict(FitIns(ndarrays_to_parameters(ARRAYS), {}), keep_input=True)
     before = len(get_all_nested_objects(content["fitins.parameters"]))
     assert before == 1 + 2 * len(ARRAYS)  # the record, an Array and a chunk per tensor
-    assert pack_content(content) == 1
+    assert list(pack_content(content)) == ["fitins.parameters"]
     record = content["fitins.parameters"]
     assert list(record.keys()) == [PACKED_KEY]
     assert len(get_all_nested_objects(record)) == 3  # the record, one Array, one chunk
@@ -89,7 +89,7 @@ def test_what_is_not_a_legacy_parameter_list_is_left_alone():
         assert not is_legacy(record)
     content = RecordDict({"a": one, "b": typed, "c": renamed, "d": mixed,
                           "e": ConfigRecord({"k": 1})})
-    assert pack_content(content) == 0
+    assert pack_content(content) == {}
     assert content["a"] is one and content["b"] is typed and content["d"] is mixed
     assert unpack_content(content) == 0
 
@@ -98,7 +98,8 @@ def test_what_is_not_a_legacy_parameter_list_is_left_alone():
     ((3, 3), "fedapps.packed:numpy.ndarray", "adding up to 6 for 7 bytes"),
     ((8, -1), "fedapps.packed:numpy.ndarray", "adding up to 7"),
     ((7,), "numpy.ndarray", "not a packed one"),
-    ((0,) * 100_000 + (7,), "fedapps.packed:numpy.ndarray", "100001 tensors, more than 100000"),
+    ((0,) * 10_000 + (7,), "fedapps.packed:numpy.ndarray", "10001 tensors, more than 10000"),
+    ((True, 6), "fedapps.packed:numpy.ndarray", "adding up to 7"),  # a bool is no length
 ])
 def test_malformed_packing_is_refused(shape, stype, why):
     record = ArrayRecord(array_dict={PACKED_KEY: Array(dtype="", shape=shape, stype=stype,
@@ -135,13 +136,13 @@ def test_the_client_mod_unpacks_for_the_client_and_packs_its_answer(in_a_task):
 
 
 class Grid:
-    """Records what is pushed; answers a pull with the given replies."""
+    """Records the keys of what is pushed, as pushed; answers a pull with the given replies."""
 
     def __init__(self, replies=()):
         self.pushed, self.replies = [], list(replies)
 
     def push_messages(self, messages):
-        self.pushed.extend(messages)
+        self.pushed.extend(list(m.content["fitins.parameters"].keys()) for m in messages)
         return [str(i) for i in range(len(self.pushed))]
 
     def pull_messages(self, ids):
@@ -159,12 +160,21 @@ def test_a_deployed_grid_packs_what_it_pushes_and_unpacks_what_it_pulls(in_a_tas
     grid = Grid([good, bad])
     prompt = PromptReplies(grid)
 
+    sent = instruction.content["fitins.parameters"]
     prompt.push_messages([instruction])
-    assert list(grid.pushed[0].content["fitins.parameters"].keys()) == [PACKED_KEY]
+    assert grid.pushed == [[PACKED_KEY]]
+    # once pushed the message holds its own record again, not the packed copy of the bytes
+    assert instruction.content["fitins.parameters"] is sent
     with caplog.at_level(logging.WARNING):
         got = list(prompt.pull_messages(["0"]))
     assert is_legacy(got[0].content["fitres.parameters"])
-    # the malformed one stays packed: one undecodable tensor, which the upload check rejects
+    # the malformed one stays packed: one tensor for a model of several, rejected by its count
     assert len(arrayrecord_to_parameters(got[1].content["fitres.parameters"], keep_input=True
                                          ).tensors) == 1
     assert any("packed arrays malformed" in r.getMessage() for r in caplog.records)
+
+
+def test_the_apps_clientapp_unpacks_with_the_mod():
+    from fedapps.client_app import app
+
+    assert packed_arrays_mod in app._mods

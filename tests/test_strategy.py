@@ -82,6 +82,9 @@ def test_aggregation_does_not_depend_on_arrival_order():
     (fit_res(1, client_arrays(0.0), n=0), "num_examples"),
     (fit_res(1, client_arrays(0.0), n=-3), "num_examples"),
     (FitRes(OK, Parameters(tensors=[b"not an npy"], tensor_type="numpy.ndarray"), 5,
+            {"partition-id": 1}), "1 arrays, expected"),  # counted before it is decoded
+    (FitRes(OK, Parameters(tensors=[b"not an npy"] + ndarrays_to_parameters(
+        client_arrays(0.0)).tensors[1:], tensor_type="numpy.ndarray"), 5,
             {"partition-id": 1}), "undecodable"),
     (FitRes(OK, ndarrays_to_parameters(client_arrays(0.0)), 5, {}), "partition-id"),
 ])
