@@ -14,8 +14,9 @@
 # deploy.json (simulations.deploy_benchmark's reports), message_timing.png, top.log (top every
 # 30 s: what a slow part was doing) and raylogs.txt (the tails of Ray's logs after the simulation).
 # Environment: ROUNDS (3), SIM_S (200) and DEP_S (290), the seconds the simulation and the three
-# deployments may take (each deployment's report is written as it ends); LOCAL=1 uses this machine's packages and $FEDAPPS_DATA_ROOT instead of
-# DIR (a dry run of `run` here: ROUNDS=1 takes about 5 minutes on 2 cores).
+# deployments may take (each deployment's report is written as it ends); LOCAL=1 uses this
+# machine's packages and $FEDAPPS_DATA_ROOT instead of DIR (a dry run of `run` here: ROUNDS=1
+# takes about 5 minutes on 2 cores).
 set -u
 here=$(cd "$(dirname "$0")/.." && pwd)
 case "${1:-}" in

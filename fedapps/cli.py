@@ -31,9 +31,10 @@ COLD_HELP = ("Flower's default isolation: a fresh ClientApp process per message 
 PULL_HELP = ("SECONDS (0.05-3): the SuperNode pulls for work this often while idle instead of "
              "Flower's 3 s (its loop patched in this process, flwr 1.41-1.42 only; more pulls "
              "on the SuperLink; fedapps/quick_supernode.py, measured in docs/PERFORMANCE.md)")
-LINK_HOLD_HELP = ("SECONDS (2-20): the SuperLink holds a SuperNode's pull that finds no message "
-                  "this long, answering as soon as one arrives (flwr 1.41-1.42 only; with "
-                  "--pull-interval the nodes then pull again at once; fedapps/quick_superlink.py)")
+LINK_HOLD_HELP = ("SECONDS (2-20): the SuperLink holds a pull that finds nothing (a node's for "
+                  "a message, the ServerApp's for a reply, either's for an object) this long, "
+                  "answering as soon as it arrives (flwr 1.41-1.42 only; with --pull-interval "
+                  "the nodes then pull again at once; fedapps/quick_superlink.py)")
 
 
 CPUS_HELP = ("CPUs the run's Ray may use (default: all of this machine's); one client trains "

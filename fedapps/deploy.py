@@ -160,9 +160,9 @@ def run_federation(
     process per node (fedapps/warm_clientapp.py) instead of Flower's process per message.
     `pull_interval`: the SuperNodes' idle pull in seconds (fedapps/quick_supernode.py; None:
     Flower's own 3 s); with `warm`, also the ClientApps' longest wait between polls.
-    `link_hold`: the SuperLink holds an empty pull up to this many seconds until a message for
-    the node, or the object pulled, arrives (fedapps/quick_superlink.py; None: Flower's
-    SuperLink as it is).
+    `link_hold`: the SuperLink holds an empty pull up to this many seconds until what it asks
+    for arrives: a message for the node, a reply for the ServerApp, the object pulled
+    (fedapps/quick_superlink.py; None: Flower's SuperLink as it is).
     Returns the SuperLink's final run status."""
     with rundir.claim(run_dir, mode) as run_id:
         run_config = {"experiment": experiment, "overrides": shlex.join(overrides),

@@ -82,8 +82,8 @@ class LocalSuperLink:
                  extra_env: dict[str, str] | None = None,
                  database: str | None = None, hold: float | None = None) -> None:
         self.simulation = simulation
-        # hold: a Fleet pull that finds nothing waits up to this long for a message
-        # (fedapps/quick_superlink.py); None: Flower's SuperLink as it is
+        # hold: a pull that finds nothing (a node's message, the ServerApp's reply, an object)
+        # waits up to this long for it (fedapps/quick_superlink.py); None: Flower's SuperLink
         self.hold = hold
         # link state: a SQLite file by default; `:flwr-in-memory:` (Flower's own default) keeps
         # it in the SuperLink's memory, which no writer can lock (deploy.py uses it)

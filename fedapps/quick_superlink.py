@@ -108,7 +108,7 @@ def command(seconds: float, superlink_args: list[str]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> None:
     run_patched(argv, "python -m fedapps.quick_superlink", "--link-hold",
-                lambda seconds: install(seconds), "flwr.superlink.cli:flower_superlink")
+                install, "flwr.superlink.cli:flower_superlink")
 
 
 if __name__ == "__main__":

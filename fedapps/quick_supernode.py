@@ -187,7 +187,7 @@ def run_patched(argv: list[str] | None, prog: str, option: str,
 
 def main(argv: list[str] | None = None) -> None:
     run_patched(argv, "python -m fedapps.quick_supernode", "--pull-interval",
-                lambda seconds: install(seconds), "flwr.supernode.cli:flower_supernode")
+                install, "flwr.supernode.cli:flower_supernode")
 
 
 if __name__ == "__main__":
