@@ -18,6 +18,7 @@ from flwr.common import Context
 
 from clients.base import handshake
 from clients.faulty import FaultyClient
+from fedapps.allocator import keep_freed_memory
 from fedapps.data import federated_data
 from fedapps.errors import ConfigError
 from fedapps.packed_arrays import packed_arrays_mod
@@ -43,6 +44,7 @@ def client_fn(context: Context) -> Client:
     if "data-root" in node:
         cfg.data["data-root"] = str(node["data-root"])
     torch.set_num_threads(int(node.get("num-threads", 1)))
+    keep_freed_memory()  # once per process: evaluation's batches reuse freed heap
     device = select_device(cfg)
     spec = ALGORITHMS[cfg.algorithm]
     local = spec.client_data(cfg, federated_data(cfg), pid, device)

@@ -11,6 +11,7 @@ from flwr.server import Server, ServerApp, ServerAppComponents, ServerConfig, Si
 
 from clients.arrays import get_arrays, set_arrays
 from fedapps import checkpoint, rundir
+from fedapps.allocator import keep_freed_memory
 from fedapps.config import clients_per_round, parse_overrides, squash_overrides, to_container
 from fedapps.data import check_available, clients_hold_test, federated_data, params_text
 from fedapps.errors import ConfigError
@@ -82,6 +83,7 @@ def server_fn(context: Context) -> ServerAppComponents:
     if not cfg.output["run-name"]:
         cfg.output["run-name"] = default_run_name(cfg)
     seed_everything(int(cfg.seed))
+    keep_freed_memory()  # the central evaluation's batches reuse freed heap
     check_available(cfg.dataset, data_root(cfg), bool(cfg.data.download))
     data = federated_data(cfg)
     model = ALGORITHMS[cfg.algorithm].model(cfg)

@@ -108,7 +108,7 @@ def run_task(address: str, token: str, insecure: bool, certificates: bytes | Non
     heartbeat.start()
     message = reply = context = None
     status, details = SubStatus.FAILED, "ClientApp task failed due to unknown reason"
-    started = time.perf_counter()
+    started, used = time.perf_counter(), cpu_usage()
     memory = [memory_mb()]
     try:
         message, context, run, fab = pull_task_input(client)
@@ -140,8 +140,9 @@ def run_task(address: str, token: str, insecure: bool, certificates: bytes | Non
         client.close()
     memory.append(memory_mb())
     kind = message.metadata.message_type if message is not None else "unknown"
-    log(INFO, "[warm-clientapp] %s task done in %.2f s (%s)%s", kind,
-        time.perf_counter() - started, status, memory_note(memory))
+    log(INFO, "[warm-clientapp] %s task done in %.2f s (%s)%s%s", kind,
+        time.perf_counter() - started, status, memory_note(memory),
+        cpu_note(used, cpu_usage()))
     return status == SubStatus.COMPLETED
 
 
@@ -164,6 +165,28 @@ def memory_note(memory: list[tuple[int, int] | None]) -> str:
     pulled = f", {memory[1][0]} with its input" if len(memory) == 3 else ""
     return (f"; resident {before[0]} MB before{pulled}, {after[0]} after;"
             f" peak {before[1]} -> {after[1]} MB")
+
+
+def cpu_usage() -> tuple[float, float, int] | None:
+    """(user CPU s, kernel CPU s, minor page faults) of this process so far; None without the
+    resource module (Windows)."""
+    try:
+        import resource
+    except ImportError:
+        return None
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime, usage.ru_stime, usage.ru_minflt
+
+
+def cpu_note(before: tuple[float, float, int] | None,
+             after: tuple[float, float, int] | None) -> str:
+    """The task's line's CPU part: the CPU seconds the process used while the task ran, of them
+    in the kernel, and its minor page faults (memory the kernel had to map in: a process that
+    returns freed memory to the OS pays them again; fedapps/allocator.py)."""
+    if before is None or after is None:
+        return ""
+    user, kernel, faults = (a - b for a, b in zip(after, before, strict=True))
+    return f"; CPU {user + kernel:.2f} s, kernel {kernel:.2f} s, {faults} page faults"
 
 
 def prompt_object_pulls() -> None:

@@ -15,10 +15,11 @@ from the end of round 1 to the end of the last; its table). Each run's steady ro
 where each message's time went (results.json `timing`: in the client, or on the way there and
 back; fedapps/timing.py; message_timing.png stacks each part's median per mode and phase), and
 the warm ClientApps' log lines say what each kind of task did to their resident memory (before
-it, pulling its input, running it, the peak; `task_memory`). A fresh interpreter also times
-what each cold message pays before training (imports + data) and one fit, with the peak RSS
-after each stage (and whether the fit imported torch._dynamo), then what importing a warm
-ClientApp's Flower runtime adds; `--python` runs that probe under another environment's
+it, pulling its input, running it, the peak; `task_memory`) and what CPU each kind of task
+used (median CPU and kernel seconds and minor page faults; `task_cpu`). A fresh interpreter
+also times what each cold message pays before training (imports + data) and one fit, with the
+peak RSS after each stage (and whether the fit imported torch._dynamo), then what importing a
+warm ClientApp's Flower runtime adds; `--python` runs that probe under another environment's
 interpreter (the lean node install of deploy/README.md). `--progress` prints each run's
 progress lines (rounds, the clients a round waits for), which are quiet otherwise.
 
@@ -274,6 +275,36 @@ def task_memory(log_dir: Path) -> dict[str, dict[str, int]]:
             for kind, r in sorted(rows.items())}
 
 
+TASK_CPU = re.compile(r"\[warm-clientapp\] (\S+) task done [^\n]*?; CPU ([\d.]+) s, kernel "
+                      r"([\d.]+) s, (\d+) page faults")
+
+
+def task_cpu(log_dir: Path) -> dict[str, dict[str, float]]:
+    """Per message type, over every warm ClientApp task in a deployment's node logs: how many
+    ran and the median CPU seconds, kernel CPU seconds and minor page faults of one."""
+    rows: dict[str, list[tuple[float, float, int]]] = {}
+    for path in sorted(log_dir.glob("supernode-*.log")):
+        for found in TASK_CPU.finditer(path.read_text(errors="replace")):
+            kind, cpu, kernel, faults = found.groups()
+            rows.setdefault(kind, []).append((float(cpu), float(kernel), int(faults)))
+    return {kind: {"tasks": len(r),
+                   "cpu_s": round(statistics.median(v[0] for v in r), 3),
+                   "kernel_s": round(statistics.median(v[1] for v in r), 3),
+                   "page_faults": int(statistics.median(v[2] for v in r))}
+            for kind, r in sorted(rows.items())}
+
+
+def task_cpu_table(report: dict, modes: list[str]) -> str:
+    """task_cpu of each deployed mode, as a Markdown table (empty without warm ClientApps)."""
+    rows = [f"| {mode} | {kind} | {m['tasks']} | {m['cpu_s']:.2f} | {m['kernel_s']:.2f} | "
+            f"{m['page_faults']} |"
+            for mode in modes for kind, m in report.get(mode, {}).get("task_cpu", {}).items()]
+    if not rows:
+        return ""
+    return "\n".join(["| mode | task | tasks | CPU s (median) | of it kernel | page faults |",
+                      "| --- " * 6 + "|", *rows])
+
+
 def memory_table(report: dict, modes: list[str]) -> str:
     """task_memory of each deployed mode, as a Markdown table (empty without warm ClientApps)."""
     keys = ("tasks", "before_mb", "input_mb", "task_mb", "after_mb", "peak_rise_mb", "peak_mb")
@@ -469,12 +500,14 @@ def main(argv: list[str] | None = None) -> int:
                         "peak_clientapp_rss_mb": sampler.peak_app_rss // 1024,
                         "peak_clientapp_pss_mb": sampler.peak_app_pss // 1024,
                         "task_memory": task_memory(args.out / name / "logs"),
+                        "task_cpu": task_cpu(args.out / name / "logs"),
                         **round_stats(args.out / name)}
         save_partial(report, args.out, name)
     print(json.dumps(report, indent=1))
     print(timing_table(report, modes))
     print(cpu_table(report, modes))
     print(memory_table(report, modes))
+    print(task_cpu_table(report, modes))
     plot = plot_message_segments(report, modes, args.out / "message_timing.png")
     if plot is not None:
         print(f"plot: {plot}")

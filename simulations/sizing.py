@@ -7,12 +7,13 @@ batch at its preset's batch size, the round of a client holding 1,000 samples at
 local epochs, and the process's memory (what a device must hold: Python, PyTorch, the model, a
 1,000-sample partition and training). A user reads off which device can run which experiment.
 
-Each row runs in a fresh subprocess (simulations.memory's malloc settings, so the resident set
-follows live memory) on inputs of the dataset's shape drawn at random: time and memory do not
-depend on pixel values, and so every row runs offline, also for the datasets (CIFAR, the IoT
-sets) that are not on this machine. The width models are measured at every capacity the
-partial-training methods hand out. The training step is the client's own loop
-(`BaseClient.sgd_epochs`), so the preset's optimizer, precision and clipping apply.
+Each row runs in a fresh subprocess (glibc's malloc set as a node's ClientApp sets it,
+fedapps/allocator.py, so the peak is what a node needs) on inputs of the dataset's shape drawn
+at random: time and memory do not depend on pixel values, and so every row runs offline, also
+for the datasets (CIFAR, the IoT sets) that are not on this machine. The width models are
+measured at every capacity the partial-training methods hand out. The training step is the
+client's own loop (`BaseClient.sgd_epochs`), so the preset's optimizer, precision and clipping
+apply.
 """
 
 from __future__ import annotations
@@ -115,11 +116,13 @@ def measure(row: Row, batches: int, threads: int) -> dict[str, Any]:
     import torch
 
     from clients.base import BaseClient
+    from fedapps.allocator import keep_freed_memory
     from fedapps.data import DATASETS, ClientData
     from fedapps.runtime import dataset_task, train_settings
     from fedapps.validation import resolve_config
 
     torch.set_num_threads(threads)
+    keep_freed_memory()  # as a node's client_fn does
     cfg = resolve_config(row.experiment, [*row.overrides, "device=cpu"], check_data=False)
     settings = train_settings(cfg)
     model = build(cfg, row.beta)
@@ -166,7 +169,8 @@ def measure_in_subprocess(row: Row, batches: int, threads: int) -> dict[str, Any
 
     cmd = [sys.executable, "-m", "simulations.sizing", "--child", row.key,
            "--batches", str(batches), "--threads", str(threads)]
-    # glibc's default malloc, as a node runs: the peak is what a device must have
+    # glibc's malloc as a node's ClientApp sets it (the child calls keep_freed_memory; no
+    # live-memory settings): the peak is what a device must have
     done = subprocess.run(cmd, capture_output=True, text=True, env=_child_env(live_malloc=False),
                           check=False)
     if done.returncode != 0:

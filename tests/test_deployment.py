@@ -13,7 +13,7 @@ from background import beside
 from fedapps.deploy import run_federation
 from fedapps.launcher import run_experiment
 from fedapps.processes import command_line, descendants
-from simulations.deploy_benchmark import task_memory
+from simulations.deploy_benchmark import task_cpu, task_memory
 
 pytestmark = pytest.mark.integration
 
@@ -130,6 +130,12 @@ def test_deployment_gives_the_simulation_numbers(tmp_path, monkeypatch):
     assert sorted(memory) == ["evaluate", "get_properties", "train"], memory
     assert memory["train"]["tasks"] == memory["evaluate"]["tasks"] == 6
     assert 100 < memory["train"]["before_mb"] <= memory["train"]["peak_mb"] < 4000, memory
+    # and their CPU: the lines' CPU part is read too, kernel time part of the CPU time
+    cpu = task_cpu(dep / "logs")
+    assert {kind: m["tasks"] for kind, m in cpu.items()} == {
+        "evaluate": 6, "get_properties": 3, "train": 6}, cpu
+    assert all(0 <= m["kernel_s"] <= m["cpu_s"] and m["page_faults"] >= 0
+               for m in cpu.values()) and cpu["train"]["cpu_s"] > 0, cpu
     assert (dep / "logs" / "superlink.log").is_file()
 
 

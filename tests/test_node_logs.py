@@ -2,7 +2,7 @@
 (fedapps/deploy.py); the benchmark reads each warm ClientApp task's memory from those logs."""
 
 from fedapps.deploy import keep_logs
-from simulations.deploy_benchmark import memory_table, task_memory
+from simulations.deploy_benchmark import memory_table, task_cpu, task_cpu_table, task_memory
 
 
 def test_logs_are_copied_and_the_working_folder_goes_only_after_a_completed_run(tmp_path,
@@ -49,3 +49,21 @@ def test_task_memory_takes_each_columns_largest_value_per_message_type(tmp_path)
     assert table.splitlines()[2] == "| deploy_warm | evaluate | 1 | 392 | 0 | -2 | 390 | 19 | 411 |"
     assert task_memory(tmp_path / "missing") == {}
     assert memory_table({"simulation": {}}, ["simulation"]) == ""
+
+
+def test_task_cpu_takes_each_message_types_medians(tmp_path):
+    line = ("INFO : [warm-clientapp] {} task done in 1.00 s (completed); resident 1 MB before,"
+            " 2 after; peak 1 -> 2 MB; CPU {} s, kernel {} s, {} page faults\n")
+    (tmp_path / "supernode-0.log").write_text(
+        line.format("evaluate", "0.40", "0.20", 120000) + line.format("train", "2.00", "0.05", 5000)
+        + "INFO : [warm-clientapp] train task done in 1.00 s (completed)\n")  # no CPU part
+    (tmp_path / "supernode-1.log").write_text(
+        line.format("evaluate", "0.30", "0.01", 40) + line.format("evaluate", "0.35", "0.03", 900))
+    (tmp_path / "superlink.log").write_text(line.format("train", "9.00", "9.00", 9))
+    cpu = task_cpu(tmp_path)
+    assert cpu == {"evaluate": {"tasks": 3, "cpu_s": 0.35, "kernel_s": 0.03, "page_faults": 900},
+                   "train": {"tasks": 1, "cpu_s": 2.0, "kernel_s": 0.05, "page_faults": 5000}}
+    table = task_cpu_table({"deploy_held": {"task_cpu": cpu}}, ["simulation", "deploy_held"])
+    assert table.splitlines()[2] == "| deploy_held | evaluate | 3 | 0.35 | 0.03 | 900 |"
+    assert task_cpu(tmp_path / "missing") == {}
+    assert task_cpu_table({"simulation": {}}, ["simulation"]) == ""

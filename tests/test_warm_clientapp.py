@@ -3,6 +3,7 @@
 A poll is an HTTP request the SuperNode answers; a fixed 0.05 s poll cost 20 warm nodes more CPU
 than their training on a 2-core machine (docs/PERFORMANCE.md). Time is virtual here."""
 
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -199,6 +200,31 @@ def test_each_task_logs_its_memory_in_the_line_the_benchmark_reads(monkeypatch):
     assert warm.memory_note([(300, 310), (301, 310)]) == \
         "; resident 300 MB before, 301 after; peak 310 -> 310 MB"
     assert warm.memory_note([None, None]) == ""
+
+
+def test_each_task_logs_its_cpu_in_the_line_the_benchmark_reads():
+    from simulations.deploy_benchmark import TASK_CPU, TASK_LINE
+
+    note = warm.cpu_note((1.0, 0.25, 1000), (1.5, 0.375, 4731))
+    assert note == "; CPU 0.62 s, kernel 0.12 s, 3731 page faults"
+    line = ("INFO : [warm-clientapp] evaluate task done in 1.02 s (completed); resident 300 MB"
+            f" before, 330 after; peak 310 -> 372 MB{note}")
+    assert TASK_CPU.search(line).groups() == ("evaluate", "0.62", "0.12", "3731")
+    assert TASK_LINE.search(line).groups()[0] == "evaluate"  # the memory part still read
+    assert warm.cpu_note(None, None) == ""
+
+
+def test_cpu_usage_is_this_processes():
+    import resource
+
+    user, kernel, faults = warm.cpu_usage()
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    assert 0 < user <= usage.ru_utime and 0 <= kernel <= usage.ru_stime
+    assert 0 < faults <= usage.ru_minflt
+    start = time.process_time()
+    while time.process_time() - start < 0.05:  # some work: the next reading has grown
+        pass
+    assert warm.cpu_usage()[0] > user
 
 
 def test_memory_is_read_from_this_process():
