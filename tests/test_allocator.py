@@ -16,12 +16,13 @@ glibc = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's ma
 
 
 def huge_pages_always() -> bool:
-    """Transparent huge pages for every mapping fault memory in 2 MB at a time, so the default
-    run's page faults say little (this machine and CI: `madvise`)."""
+    """Transparent huge pages for every mapping fault memory in 2 MB at a time, so the
+    returning run's page faults say little (this machine and CI: `madvise`)."""
     try:
         return "[always]" in open("/sys/kernel/mm/transparent_hugepage/enabled").read()
     except OSError:
         return False
+
 
 # A fresh process evaluates the FMNIST preset's ConvNet three times over 1,024 examples (the
 # evaluation loop and batch size the clients use) and counts the minor page faults of the
