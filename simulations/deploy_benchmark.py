@@ -249,71 +249,76 @@ def round_stats(run_dir: Path) -> dict:
     }
 
 
-# fedapps/warm_clientapp.py's line for each task it ran
+# fedapps/warm_clientapp.py's line for each task it ran: its memory part and its CPU part
 TASK_LINE = re.compile(r"\[warm-clientapp\] (\S+) task done .*?; resident (\d+) MB before"
                        r"(?:, (\d+) with its input)?, (\d+) after; peak (\d+) -> (\d+) MB")
+TASK_CPU = re.compile(r"\[warm-clientapp\] (\S+) task done [^\n]*?; CPU ([\d.]+) s, kernel "
+                      r"([\d.]+) s, (\d+) page faults")
+
+
+def task_values(log_dir: Path, line: re.Pattern) -> dict[str, list[list[str | None]]]:
+    """Per message type (`line`'s first group), the rest of `line`'s groups in every warm
+    ClientApp task line of a deployment's node logs (not the SuperLink's)."""
+    rows: dict[str, list[list[str | None]]] = {}
+    for path in sorted(log_dir.glob("supernode-*.log")):
+        for found in line.finditer(path.read_text(errors="replace")):
+            kind, *values = found.groups()
+            rows.setdefault(kind, []).append(values)
+    return dict(sorted(rows.items()))
 
 
 def task_memory(log_dir: Path) -> dict[str, dict[str, int]]:
     """Per message type, over every warm ClientApp task in a deployment's node logs: how many
     ran, and the largest resident MB before one, added by pulling its input, added by running
     it (reply pushed), after one, by how much one raised its process's peak, and that peak."""
-    rows: dict[str, list[tuple[int, ...]]] = {}
-    for path in sorted(log_dir.glob("supernode-*.log")):
-        for found in TASK_LINE.finditer(path.read_text(errors="replace")):
-            kind, before, pulled, after, peak0, peak1 = found.groups()
-            pulled = pulled or before
-            rows.setdefault(kind, []).append(tuple(int(v) for v in (
-                before, pulled, after, peak0, peak1)))
-    return {kind: {"tasks": len(r),
-                   "before_mb": max(v[0] for v in r),
-                   "input_mb": max(v[1] - v[0] for v in r),
-                   "task_mb": max(v[2] - v[1] for v in r),
-                   "after_mb": max(v[2] for v in r),
-                   "peak_rise_mb": max(v[4] - v[3] for v in r),
-                   "peak_mb": max(v[4] for v in r)}
-            for kind, r in sorted(rows.items())}
-
-
-TASK_CPU = re.compile(r"\[warm-clientapp\] (\S+) task done [^\n]*?; CPU ([\d.]+) s, kernel "
-                      r"([\d.]+) s, (\d+) page faults")
+    out = {}
+    for kind, found in task_values(log_dir, TASK_LINE).items():
+        r = [(int(before), int(pulled or before), int(after), int(peak0), int(peak1))
+             for before, pulled, after, peak0, peak1 in found]
+        out[kind] = {"tasks": len(r),
+                     "before_mb": max(v[0] for v in r),
+                     "input_mb": max(v[1] - v[0] for v in r),
+                     "task_mb": max(v[2] - v[1] for v in r),
+                     "after_mb": max(v[2] for v in r),
+                     "peak_rise_mb": max(v[4] - v[3] for v in r),
+                     "peak_mb": max(v[4] for v in r)}
+    return out
 
 
 def task_cpu(log_dir: Path) -> dict[str, dict[str, float]]:
     """Per message type, over every warm ClientApp task in a deployment's node logs: how many
     ran and the median CPU seconds, kernel CPU seconds and minor page faults of one."""
-    rows: dict[str, list[tuple[float, float, int]]] = {}
-    for path in sorted(log_dir.glob("supernode-*.log")):
-        for found in TASK_CPU.finditer(path.read_text(errors="replace")):
-            kind, cpu, kernel, faults = found.groups()
-            rows.setdefault(kind, []).append((float(cpu), float(kernel), int(faults)))
-    return {kind: {"tasks": len(r),
-                   "cpu_s": round(statistics.median(v[0] for v in r), 3),
-                   "kernel_s": round(statistics.median(v[1] for v in r), 3),
-                   "page_faults": int(statistics.median(v[2] for v in r))}
-            for kind, r in sorted(rows.items())}
+    return {kind: {"tasks": len(found),
+                   "cpu_s": round(statistics.median(float(v[0]) for v in found), 3),
+                   "kernel_s": round(statistics.median(float(v[1]) for v in found), 3),
+                   "page_faults": int(statistics.median(int(v[2]) for v in found))}
+            for kind, found in task_values(log_dir, TASK_CPU).items()}
 
 
-def task_cpu_table(report: dict, modes: list[str]) -> str:
-    """task_cpu of each deployed mode, as a Markdown table (empty without warm ClientApps)."""
-    rows = [f"| {mode} | {kind} | {m['tasks']} | {m['cpu_s']:.2f} | {m['kernel_s']:.2f} | "
-            f"{m['page_faults']} |"
-            for mode in modes for kind, m in report.get(mode, {}).get("task_cpu", {}).items()]
+def task_table(report: dict, modes: list[str], field: str, headers: list[str],
+               cells: Callable[[dict], list[str]]) -> str:
+    """A per-task report `field` (task_memory, task_cpu) of each deployed mode as a Markdown
+    table, a row per mode and message type (empty without warm ClientApps)."""
+    rows = [f"| {mode} | {kind} | " + " | ".join(cells(m)) + " |"
+            for mode in modes for kind, m in report.get(mode, {}).get(field, {}).items()]
     if not rows:
         return ""
-    return "\n".join(["| mode | task | tasks | CPU s (median) | of it kernel | page faults |",
-                      "| --- " * 6 + "|", *rows])
+    return "\n".join([f"| mode | task | {' | '.join(headers)} |",
+                      "| --- " * (len(headers) + 2) + "|", *rows])
 
 
 def memory_table(report: dict, modes: list[str]) -> str:
-    """task_memory of each deployed mode, as a Markdown table (empty without warm ClientApps)."""
     keys = ("tasks", "before_mb", "input_mb", "task_mb", "after_mb", "peak_rise_mb", "peak_mb")
-    rows = [f"| {mode} | {kind} | " + " | ".join(str(m[k]) for k in keys) + " |"
-            for mode in modes for kind, m in report.get(mode, {}).get("task_memory", {}).items()]
-    if not rows:
-        return ""
-    return "\n".join(["| mode | task | tasks | resident before | + its input | + the task | after "
-                      "| raised the peak by | peak |", "| --- " * 9 + "|", *rows])
+    return task_table(report, modes, "task_memory",
+                      ["tasks", "resident before", "+ its input", "+ the task", "after",
+                       "raised the peak by", "peak"], lambda m: [str(m[k]) for k in keys])
+
+
+def task_cpu_table(report: dict, modes: list[str]) -> str:
+    return task_table(report, modes, "task_cpu",
+                      ["tasks", "CPU s (median)", "of it kernel", "page faults"],
+                      lambda m: [str(m["tasks"]), f"{m['cpu_s']:.2f}", f"{m['kernel_s']:.2f}",
+                                 str(m["page_faults"])])
 
 
 def cpu_table(report: dict, modes: list[str]) -> str:
