@@ -60,7 +60,7 @@ run)
                                               'torch', torch.__version__)"
   leftovers() {  # a part stopped by its limit leaves its SuperLink, SuperNodes or Ray behind
     [ -n "${LOCAL:-}" ] && return  # here other runs' Flower and Ray processes may be running
-    pkill -9 -f "flower-superlink|flower-supernode|flwr-clientapp|flwr-serverapp|raylet|gcs_server|ray::|warm_clientapp|default_worker.py" 2>/dev/null
+    pkill -9 -f "flower-superlink|flower-supernode|flwr-clientapp|flwr-serverapp|raylet|gcs_server|ray::|warm_clientapp|one_process_node|quick_super|default_worker.py" 2>/dev/null
     sleep 2
   }
   (while true; do
@@ -78,7 +78,7 @@ run)
   done > "$OUT/raylogs.txt" 2>/dev/null
   leftovers
   timeout -k 5 "$DEP_S" python3 -m simulations.deploy_benchmark --out /tmp/lent-deploy \
-    --modes deploy_held,deploy_quick,deploy_warm --progress "${sets[@]}" > "$OUT/deploy.log" 2>&1
+    --modes deploy_held,deploy_one,deploy_quick,deploy_warm --progress "${sets[@]}" > "$OUT/deploy.log" 2>&1
   echo "deployments: exit $? at $((SECONDS - t0)) s"
   cp /tmp/lent-deploy/deploy_benchmark.json "$OUT/deploy.json" 2>/dev/null
   cp /tmp/lent-deploy/message_timing.png "$OUT/" 2>/dev/null

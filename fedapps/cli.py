@@ -37,6 +37,14 @@ LINK_HOLD_HELP = ("SECONDS (2-20): the SuperLink holds a pull that finds nothing
                   "the nodes then pull again at once; fedapps/quick_superlink.py)")
 
 
+ONE_PROCESS_HELP = ("run the node's long-running ClientApp in a thread of its SuperNode's own "
+                    "process, calling the SuperNode's Runtime API directly instead of over "
+                    "loopback HTTP: one process per node, 70-120 MB less each and less CPU a "
+                    "round (FMNIST preset); a crash of the interpreter ends the SuperNode too "
+                    "(flwr 1.41-1.42 only; fedapps/one_process_node.py, measured in "
+                    "docs/PERFORMANCE.md)")
+
+
 CPUS_HELP = ("CPUs the run's Ray may use (default: all of this machine's); one client trains "
              "per CPU, so with 1 the run leaves the other cores to other work (two quick runs "
              "side by side on 2 cores: 42-46 s instead of 47-48 s, docs/PERFORMANCE.md)")
@@ -89,6 +97,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, Any]:
                    help=PULL_HELP)
     d.add_argument("--link-hold", type=float, default=None, metavar="SECONDS",
                    help=LINK_HOLD_HELP)
+    d.add_argument("--one-process", action="store_true", help=ONE_PROCESS_HELP)
     n = sub.add_parser("node", help="start one SuperNode for this app (e.g. on a Jetson)")
     n.add_argument("--superlink", required=True, help="SuperLink Fleet address host:port")
     n.add_argument("--partition-id", type=int, required=True,
@@ -109,6 +118,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, Any]:
     n.add_argument("--cold", action="store_true", help=COLD_HELP)
     n.add_argument("--pull-interval", type=float, default=None, metavar="SECONDS",
                    help=PULL_HELP)
+    n.add_argument("--one-process", action="store_true", help=ONE_PROCESS_HELP)
     n.add_argument("--runtime-port", type=int, default=9094,
                    help="local port of the SuperNode's Runtime API (default 9094)")
     r = sub.add_parser("resume", help="continue a stopped run from its checkpoint")
@@ -261,12 +271,19 @@ def _report(status: str, out: Path) -> int:
 
 
 def _check_pull_interval(args: argparse.Namespace) -> None:
-    """A bad --pull-interval (or a Flower it cannot patch) is a one-line error before anything
-    starts."""
+    """A bad --pull-interval or --one-process (or a Flower they cannot patch) is a one-line
+    error before anything starts."""
     if args.pull_interval is not None:
         from fedapps.quick_supernode import check
 
         check(args.pull_interval)
+    if args.one_process:
+        if args.cold:
+            raise ConfigError("--one-process runs the node's long-running ClientApp in the "
+                              "SuperNode's process: it cannot go with --cold")
+        from fedapps.one_process_node import check as check_one_process
+
+        check_one_process()
 
 
 def _deploy_local(args: argparse.Namespace) -> int:
@@ -287,7 +304,7 @@ def _deploy_local(args: argparse.Namespace) -> int:
                             state_root=state,
                             secure=Path(args.tls).resolve() if args.tls else None,
                             warm=not args.cold, pull_interval=args.pull_interval,
-                            link_hold=args.link_hold,
+                            link_hold=args.link_hold, one_process=args.one_process,
                             show=(lambda line: True) if args.verbose else _show,
                             mode=_mode(args))
     return _report(status, out)
@@ -295,7 +312,8 @@ def _deploy_local(args: argparse.Namespace) -> int:
 
 def _node(args: argparse.Namespace) -> int:
     """Validate a SuperNode's settings, start the long-running ClientApp process (unless
-    --cold), then become `flower-supernode` (same PID, which the ClientApp process watches)."""
+    --cold or --one-process), then become `flower-supernode` (same PID, which the ClientApp
+    process watches; with --one-process, the SuperNode that runs its ClientApp itself)."""
     import os
     import shutil
     import subprocess
@@ -324,11 +342,11 @@ def _node(args: argparse.Namespace) -> int:
         flags += ["--auth-supernode-private-key", args.auth_key]
     flags += ["--port", str(args.runtime_port),
               "--isolation", "subprocess" if args.cold else "process"]
-    cmd = supernode_command(flags, args.pull_interval)
-    exe = shutil.which(cmd[0]) if args.pull_interval is None else cmd[0]
+    cmd = supernode_command(flags, args.pull_interval, args.one_process)
+    exe = cmd[0] if cmd[0] == sys.executable else shutil.which(cmd[0])
     if exe is None:
         raise ConfigError("flower-supernode not found: install this project (pip install -e .)")
-    if not args.cold:
+    if not args.cold and not args.one_process:
         subprocess.Popen(warm_clientapp_command(args.runtime_port, os.getpid(),
                                                 args.pull_interval))
     os.execv(exe, cmd)

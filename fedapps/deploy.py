@@ -59,9 +59,15 @@ def warm_clientapp_command(runtime_port: int, supernode_pid: int,
     return cmd + ["--poll-max", f"{pull_interval:g}"]
 
 
-def supernode_command(args: Sequence[str], pull_interval: float | None) -> list[str]:
+def supernode_command(args: Sequence[str], pull_interval: float | None,
+                      one_process: bool = False) -> list[str]:
     """`flower-supernode ARGS`, or with `pull_interval` Flower's SuperNode with a shorter idle
-    pull (fedapps/quick_supernode.py)."""
+    pull (fedapps/quick_supernode.py), or with `one_process` Flower's SuperNode serving its
+    ClientApp tasks in a thread of its own (fedapps/one_process_node.py)."""
+    if one_process:
+        from fedapps.one_process_node import command as one_process_command
+
+        return one_process_command(pull_interval, list(args))
     if pull_interval is None:
         return ["flower-supernode", *args]
     from fedapps.quick_supernode import command
@@ -73,13 +79,18 @@ class SuperNode:
     """One `flower-supernode` process in its own process group; with `warm` (the default) it
     runs with `--isolation process` beside one long-running ClientApp process (stopped with
     it, and exiting by itself when the SuperNode is gone), otherwise Flower starts a ClientApp
-    process per message. `pull_interval`: see fedapps/quick_supernode.py (None: Flower's 3 s)."""
+    process per message; with `one_process` (and `warm`) that ClientApp is a thread of the
+    SuperNode's own process (fedapps/one_process_node.py). `pull_interval`: see
+    fedapps/quick_supernode.py (None: Flower's 3 s)."""
 
     def __init__(self, link: LocalSuperLink, index: int, config: str,
                  extra_args: Sequence[str] = (), warm: bool = True,
-                 pull_interval: float | None = None) -> None:
+                 pull_interval: float | None = None, one_process: bool = False) -> None:
+        if one_process and not warm:
+            raise ConfigError("one-process: a node's ClientApp runs in its SuperNode's process "
+                              "only when warm (not with --cold)")
         self.link, self.index, self.config, self.warm = link, index, config, warm
-        self.pull_interval = pull_interval
+        self.pull_interval, self.one_process = pull_interval, one_process
         self.extra_args = list(extra_args) or ["--insecure"]
         self.log_path = link.workdir / f"supernode-{index}.log"
         self.process: subprocess.Popen | None = None
@@ -90,13 +101,13 @@ class SuperNode:
         cmd = supernode_command([*self.extra_args, "--superlink", self.link.address,
                                  "--port", str(port), "--node-config", self.config,
                                  "--isolation", "process" if self.warm else "subprocess"],
-                                self.pull_interval)
+                                self.pull_interval, self.one_process)
         env = self.link.env()
         env["FLWR_HOME"] = str(self.link.workdir / f"node-home-{self.index}")
         with open(self.log_path, "ab") as log_file:  # both die with the launcher, even SIGKILL
             self.process = start_watched(cmd, env=env, stdout=log_file,
                                          stderr=subprocess.STDOUT, start_new_session=True)
-            if self.warm:
+            if self.warm and not self.one_process:
                 try:
                     self.worker = start_watched(
                         warm_clientapp_command(port, self.process.pid, self.pull_interval),
@@ -149,6 +160,7 @@ def run_federation(
     warm: bool = True,
     pull_interval: float | None = None,
     link_hold: float | None = None,
+    one_process: bool = False,
 ) -> str:
     """Start a SuperLink and `num_nodes` SuperNodes, run the app, stop everything.
 
@@ -157,9 +169,11 @@ def run_federation(
     `during`, if given, runs in a thread while the run is in flight (fault-injection tests use
     it to kill and restart nodes). The run directory is claimed as in `fedapps run` (`mode`:
     what to do with a run already there, fedapps/rundir.py). `warm`: one long-running ClientApp
-    process per node (fedapps/warm_clientapp.py) instead of Flower's process per message.
-    `pull_interval`: the SuperNodes' idle pull in seconds (fedapps/quick_supernode.py; None:
-    Flower's own 3 s); with `warm`, also the ClientApps' longest wait between polls.
+    process per node (fedapps/warm_clientapp.py) instead of Flower's process per message;
+    `one_process`: that ClientApp a thread of each SuperNode's process instead
+    (fedapps/one_process_node.py). `pull_interval`: the SuperNodes' idle pull in seconds
+    (fedapps/quick_supernode.py; None: Flower's own 3 s); with `warm`, also the ClientApps'
+    longest wait between polls.
     `link_hold`: the SuperLink holds an empty pull up to this many seconds until what it asks
     for arrives: a message for the node, a reply for the ServerApp, the object pulled
     (fedapps/quick_superlink.py; None: Flower's SuperLink as it is).
@@ -170,7 +184,7 @@ def run_federation(
                       "run-id": run_id}
         return _federate(run_config, num_nodes, data_root, state_root, node_extra,
                          superlink_args, supernode_args, connection, show, during, secure, warm,
-                         pull_interval, link_hold)
+                         pull_interval, link_hold, one_process)
 
 
 def _federate(run_config: dict[str, str], num_nodes: int, data_root: Path | None,
@@ -178,7 +192,8 @@ def _federate(run_config: dict[str, str], num_nodes: int, data_root: Path | None
               superlink_args: Sequence[str], supernode_args: Sequence[str],
               connection: dict[str, object] | None, show: Callable[[str], bool],
               during: Callable[[list[SuperNode]], None] | None, secure: Path | None,
-              warm: bool, pull_interval: float | None, link_hold: float | None) -> str:
+              warm: bool, pull_interval: float | None, link_hold: float | None,
+              one_process: bool) -> str:
     """run_federation's work once the run directory is claimed."""
     import threading
 
@@ -202,7 +217,7 @@ def _federate(run_config: dict[str, str], num_nodes: int, data_root: Path | None
                     state_dir = state_root / f"node-{i}" if state_root else None
                     cfg = node_config(i, num_nodes, data_root, state_dir, (node_extra or {}).get(i))
                     nodes.append(SuperNode(link, i, cfg, supernode_args, warm,
-                                           pull_interval).start())
+                                           pull_interval, one_process).start())
                 worker = threading.Thread(target=during, args=(nodes,), daemon=True) if during \
                     else None
                 if worker:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from logging import ERROR, INFO
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,10 @@ POLL_FIRST_SECONDS, POLL_MAX_SECONDS = 0.05, 1.0
 # (its pulls took 1.2 s a message, against 0.1 s beside Flower's slower pull; docs/
 # PERFORMANCE.md, "The delivery split"; fedapps/object_retries.py).
 OBJECT_RETRY_FIRST_SECONDS, OBJECT_RETRY_MAX_SECONDS = 0.05, 1.0
+# A task's message the SuperNode does not hold yet: Flower's loop creates the task, then
+# stores its message; a ClientApp that takes the task in between (a held AcquireTask wakes at
+# the task's creation) finds no message. Ask again after 0.01 s, doubling, for up to 5 s.
+MESSAGE_RETRY_FIRST_SECONDS, MESSAGE_WAIT_SECONDS = 0.01, 5.0
 # The node-config keys of a task's stamps, as fedapps/timing.py reads them (a test checks they
 # agree). Spelled out here: this process imports no fedapps module the app also imports, so a
 # FAB whose code differs from this node's install brings its own (forget_modules_under).
@@ -86,11 +91,13 @@ def forget_modules_under(folder: Path) -> None:
         sys.path.remove(root)
 
 
-def run_task(address: str, token: str, insecure: bool, certificates: bytes | None,
-             apps: WarmClientApps, taken: float | None = None) -> bool:
-    """Run one ClientApp task in this process; True if the ClientApp completed it. `taken`:
-    when the task was acquired (time.time()); with it the client's answer says how long the
-    task took to arrive and to pull (fedapps/timing.py)."""
+def run_task(connect: Callable[[str | None], Any], token: str, apps: WarmClientApps,
+             taken: float | None = None) -> bool:
+    """Run one ClientApp task in this process; True if the ClientApp completed it. `connect`:
+    token -> a client of the SuperNode's Runtime API (over HTTP, or its handlers called
+    directly in a one-process node, fedapps/one_process_node.py). `taken`: when the task was
+    acquired (time.time()); with it the client's answer says how long the task took to arrive
+    and to pull (fedapps/timing.py)."""
     from flwr.app import Message
     from flwr.app.error import Error
     from flwr.clientapp.client_app import LoadClientAppError
@@ -103,15 +110,18 @@ def run_task(address: str, token: str, insecure: bool, certificates: bytes | Non
         push_task_output,
     )
 
-    client = runtime_client(address, insecure, certificates, token)
-    heartbeat = HeartbeatSender(make_task_heartbeat_fn_http(client))
+    client = connect(token)
+    # a one-process node's client brings its own heartbeat (Flower's HTTP one SIGINTs the
+    # process when the task is gone, which there is the SuperNode)
+    beat = getattr(client, "task_heartbeat_fn", None)
+    heartbeat = HeartbeatSender(beat() if beat else make_task_heartbeat_fn_http(client))
     heartbeat.start()
     message = reply = context = None
     status, details = SubStatus.FAILED, "ClientApp task failed due to unknown reason"
     started, used = time.perf_counter(), cpu_usage()
     memory = [memory_mb()]
     try:
-        message, context, run, fab = pull_task_input(client)
+        message, context, run, fab = pull_task_input(PatientMessagePull(client))
         memory.append(memory_mb())
         if taken is not None:
             stamp(context.node_config, taken, time.time())
@@ -135,15 +145,42 @@ def run_task(address: str, token: str, insecure: bool, certificates: bytes | Non
         except Exception as ex:  # noqa: BLE001
             log(ERROR, "Failed to push reply message", exc_info=ex)
             status = SubStatus.FAILED
-        push_task_output(client, context, status, details)
-        heartbeat.stop()
-        client.close()
+        try:  # Flower's catches only HTTP errors; a one-process node's call raises its own
+            push_task_output(client, context, status, details)
+        except Exception as ex:  # noqa: BLE001 - e.g. the node no longer knows the task
+            log(ERROR, "Failed to push task output", exc_info=ex)
+            status = SubStatus.FAILED
+        finally:
+            heartbeat.stop()
+            client.close()
     memory.append(memory_mb())
     kind = message.metadata.message_type if message is not None else "unknown"
     log(INFO, "[warm-clientapp] %s task done in %.2f s (%s)%s%s", kind,
         time.perf_counter() - started, status, memory_note(memory),
         cpu_note(used, cpu_usage()))
     return status == SubStatus.COMPLETED
+
+
+class PatientMessagePull:
+    """A Runtime API client whose PullMessages asks again while the task's message is not
+    stored yet (MESSAGE_*); every other call is the client's own. Flower's `pull_task_input`
+    fails the task on an empty answer: a one-process node's thread (fedapps/one_process_node.py)
+    took a task before its message in 1 of 20 nodes of a benchmark run."""
+
+    def __init__(self, client: Any, sleep: Callable[[float], None] = time.sleep,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.client, self.sleep, self.clock = client, sleep, clock
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.client, name)
+
+    def PullMessages(self, request: Any) -> Any:  # noqa: N802 - Flower's client's name
+        wait, end = MESSAGE_RETRY_FIRST_SECONDS, self.clock() + MESSAGE_WAIT_SECONDS
+        while not (response := self.client.PullMessages(request)).messages_list \
+                and self.clock() < end:
+            self.sleep(wait)
+            wait = min(2 * wait, OBJECT_RETRY_MAX_SECONDS)
+        return response
 
 
 def memory_mb() -> tuple[int, int] | None:
@@ -233,9 +270,11 @@ def runtime_client(address: str, insecure: bool, certificates: bytes | None,
 
 
 def serve(address: str, insecure: bool = True, root_certificates: str | None = None,
-          parent_pid: int | None = None, poll_max: float = POLL_MAX_SECONDS) -> None:
+          parent_pid: int | None = None, poll_max: float = POLL_MAX_SECONDS,
+          connect: Callable[[str | None], Any] | None = None) -> None:
     """Take this SuperNode's ClientApp tasks and run them here, until the SuperNode exits;
-    `poll_max`: the longest wait between polls while idle."""
+    `poll_max`: the longest wait between polls while idle. `connect`: token (None for the
+    polls) -> a Runtime API client; by default an HTTP client of `address`."""
     import torch  # noqa: F401 - the expensive imports, once and before the first message
     from flwr.proto.runtime_pb2 import AcquireTaskRequest
     from flwr.supercore import log
@@ -245,9 +284,14 @@ def serve(address: str, insecure: bool = True, root_certificates: str | None = N
 
     if parent_pid is not None:
         start_parent_process_monitor(parent_pid)  # SIGINT here when the SuperNode is gone
-    certificates = validate_and_resolve_root_certificates(root_certificates, insecure)
+    if connect is None:
+        certificates = validate_and_resolve_root_certificates(root_certificates, insecure)
+
+        def connect(token: str | None) -> Any:
+            return runtime_client(address, insecure, certificates, token)
+
     prompt_object_pulls()
-    control = runtime_client(address, insecure, certificates)
+    control = connect(None)
     apps = WarmClientApps()
     log(INFO, "[warm-clientapp] serving ClientApp tasks of %s", address)
     wait = POLL_FIRST_SECONDS
@@ -258,7 +302,7 @@ def serve(address: str, insecure: bool = True, root_certificates: str | None = N
                 res = control.AcquireTask(
                     AcquireTaskRequest(supported_task_types=[TaskType.CLIENT_APP.value]))
                 if res.HasField("task") and res.token:
-                    run_task(address, res.token, insecure, certificates, apps, time.time())
+                    run_task(connect, res.token, apps, time.time())
                     wait = POLL_FIRST_SECONDS
                     continue
                 if time.monotonic() - asked >= HELD_SECONDS:  # a quick SuperNode held it

@@ -139,6 +139,40 @@ def test_deployment_gives_the_simulation_numbers(tmp_path, monkeypatch):
     assert (dep / "logs" / "superlink.log").is_file()
 
 
+def test_one_process_nodes_give_the_simulation_numbers(tmp_path):
+    """Each node's ClientApp a thread of its SuperNode (fedapps/one_process_node.py): no
+    ClientApp process anywhere, the same numbers as the simulation, the tasks logged."""
+    sets = ["rounds=2", "federation.num-clients=3", "federation.fraction-fit=1.0"]
+    sim, dep = tmp_path / "sim", tmp_path / "dep"
+    seen = {"clientapps": set()}
+
+    def watch(nodes):
+        seen["supernodes"] = [command_line(node.process.pid) for node in nodes]
+        seen["workers"] = [node.worker for node in nodes]
+        while any(node.alive() for node in nodes):
+            for node in nodes:
+                for pid in descendants(node.process.pid):
+                    if any(m in command_line(pid) for m in ("flwr-clientapp", "warm_clientapp")):
+                        seen["clientapps"].add(pid)
+            time.sleep(0.5)
+
+    with beside(lambda: run_experiment("quickstart", sets, 3, sim, show=QUIET,
+                                       total_cpus=1)) as simulation:
+        assert run_federation("quickstart", sets, 3, dep, show=QUIET, during=watch,
+                              pull_interval=0.5, link_hold=5.0, one_process=True
+                              ) == "finished:completed"
+        assert simulation() == "finished:completed"
+    assert all("fedapps.one_process_node --pull-interval 0.5" in cmd
+               and "--isolation process" in cmd for cmd in seen["supernodes"])
+    assert seen["workers"] == [None] * 3 and seen["clientapps"] == set()
+    for a, b in zip(rounds(sim), rounds(dep), strict=True):
+        assert a["global_accuracy"] == pytest.approx(b["global_accuracy"], abs=1e-9)
+        assert a["fit_clients"] == b["fit_clients"] == [0, 1, 2]
+    cpu = task_cpu(dep / "logs")  # each node's thread logged its tasks in the node's log
+    assert {kind: m["tasks"] for kind, m in cpu.items()} == {
+        "evaluate": 6, "get_properties": 3, "train": 6}, cpu
+
+
 def test_bad_updates_and_crashes_are_counted_not_aggregated(tmp_path):
     """One healthy node among nodes that crash, hang, send bad arrays, forge their partition
     id, inflate their sample count, scale their weights or report impossible evaluations; plus

@@ -1,6 +1,7 @@
 """What the deployment benchmark reads from /proc: command lines, process kinds and CPU time
 (simulations/deploy_benchmark.py's table of CPU seconds by kind, docs/PERFORMANCE.md)."""
 
+import os
 import subprocess
 import sys
 import time
@@ -41,6 +42,30 @@ def test_cpu_is_counted_by_kind_from_the_samplers_start(tmp_path):
     assert 1.0 <= totals["supernode"] < 1.5
     assert totals.get("other", 0.0) < 0.3
     assert command_line(proc.pid) == "" and cpu_seconds(proc.pid) == 0.0 and not running(proc.pid)
+
+
+def test_a_process_that_shows_its_kind_late_is_counted_as_that_kind(tmp_path):
+    """A process read before its command line names it (here: it execs into a SuperNode after
+    0.5 s) is asked again, and its CPU counts for the kind it shows (a Ray worker of a
+    simulation was once counted as "other")."""
+    busy = tmp_path / "flower-supernode"
+    busy.write_text(BURN.format(0.5) + "time.sleep(30)\n")
+    late = (BURN.format(0.3) + "import os, sys\n"  # (the path is not on its command line)
+            "os.execv(sys.executable, [sys.executable, os.environ['LATE_KIND']])\n")
+    sampler = CpuSampler(period=0.1)
+    proc = subprocess.Popen([sys.executable, "-c", late],
+                            env={**os.environ, "LATE_KIND": str(busy)})
+    sampler.start()
+    try:
+        deadline = time.time() + 20
+        while cpu_seconds(proc.pid) < 0.8 and time.time() < deadline:
+            time.sleep(0.1)
+        time.sleep(0.3)
+        totals = sampler.totals()
+    finally:
+        proc.kill()
+        proc.wait()
+    assert totals.get("supernode", 0.0) >= 0.8 and "other" not in totals, totals
 
 
 def test_cpu_a_steady_round_runs_from_the_first_rounds_end_to_the_last():

@@ -118,7 +118,6 @@ def test_a_task_hands_its_stamps_to_the_app_and_returns_the_context_without_them
         def close(self):
             pass
 
-    monkeypatch.setattr(warm, "runtime_client", lambda *a: Connection())
     monkeypatch.setattr(heartbeat, "HeartbeatSender", Beat)
     monkeypatch.setattr(heartbeat, "make_task_heartbeat_fn_http", lambda client: None)
     message = SimpleNamespace(metadata=SimpleNamespace(message_type="train"))
@@ -133,7 +132,7 @@ def test_a_task_hands_its_stamps_to_the_app_and_returns_the_context_without_them
         monkeypatch.setattr(flwr.app, "Message", lambda content, reply_to: "error reply")
     taken = time.time() - 0.5
     with caplog.at_level("INFO", logger="flwr"):
-        assert warm.run_task("addr", "token", True, None, Apps(), taken) is not fails
+        assert warm.run_task(lambda token: Connection(), "token", Apps(), taken) is not fails
     done = [r.getMessage() for r in caplog.records if "task done" in r.getMessage()]
     assert len(done) == 1 and done[0].startswith("[warm-clientapp] train task done in ")
     assert ("(FAILED)" if fails else "(COMPLETED)") in done[0].upper() and "resident" in done[0]
@@ -243,3 +242,37 @@ def test_status_fields_are_read_in_kb_and_a_missing_one_is_none():
     peak = status_kb("VmHWM")
     assert abs(peak - resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) <= 2048
     assert status_kb("NoSuchField") is None and status_kb("VmRSS", pid=2**31) is None
+
+
+def test_a_message_stored_just_after_its_task_is_waited_for(monkeypatch):
+    """Flower's SuperNode creates a task, then stores its message: a ClientApp that takes the
+    task in between is asked again shortly (a one-process node's thread did, 1 node in 20),
+    and after MESSAGE_WAIT_SECONDS gets the empty answer Flower's pull fails on."""
+    from flwr.proto.runtime_pb2 import PullAppMessagesResponse
+
+    clock = _Clock()
+
+    class Node:
+        def __init__(self, stored_at):
+            self.stored_at, self.asked = stored_at, []
+
+        def PullMessages(self, request):  # noqa: N802 - Flower's name
+            self.asked.append(clock.now)
+            if clock.now < self.stored_at:
+                return PullAppMessagesResponse()
+            return PullAppMessagesResponse(messages_list=[{}])
+
+        def PullObject(self, request):  # noqa: N802
+            return "object"
+
+    node = Node(stored_at=0.025)
+    patient = warm.PatientMessagePull(node, sleep=clock.sleep, clock=lambda: clock.now)
+    assert len(patient.PullMessages("req").messages_list) == 1
+    assert node.asked == [0.0, 0.01, 0.03]  # 0.01 s, then doubling
+    assert patient.PullObject("o") == "object"  # the other calls are the client's own
+    never = Node(stored_at=float("inf"))
+    clock.now = 0.0
+    patient = warm.PatientMessagePull(never, sleep=clock.sleep, clock=lambda: clock.now)
+    assert not patient.PullMessages("req").messages_list
+    assert warm.MESSAGE_WAIT_SECONDS <= never.asked[-1] < warm.MESSAGE_WAIT_SECONDS + 1.0
+    assert len(never.asked) < 15  # backing off to once a second, not 500 asks
