@@ -48,8 +48,8 @@ POLL_FIRST_SECONDS, POLL_MAX_SECONDS = 0.05, 1.0
 OBJECT_RETRY_FIRST_SECONDS, OBJECT_RETRY_MAX_SECONDS = 0.05, 1.0
 # A task's message the SuperNode does not hold yet: Flower's loop creates the task, then
 # stores its message; a ClientApp that takes the task in between (a held AcquireTask wakes at
-# the task's creation) finds no message. Ask again after 0.01 s, doubling, for up to 5 s.
-MESSAGE_RETRY_FIRST_SECONDS, MESSAGE_WAIT_SECONDS = 0.01, 5.0
+# the task's creation) finds no message. Ask again after 0.01 s, doubling to 1 s, for up to 5 s.
+MESSAGE_RETRY_FIRST_SECONDS, MESSAGE_RETRY_MAX_SECONDS, MESSAGE_WAIT_SECONDS = 0.01, 1.0, 5.0
 # The node-config keys of a task's stamps, as fedapps/timing.py reads them (a test checks they
 # agree). Spelled out here: this process imports no fedapps module the app also imports, so a
 # FAB whose code differs from this node's install brings its own (forget_modules_under).
@@ -179,7 +179,7 @@ class PatientMessagePull:
         while not (response := self.client.PullMessages(request)).messages_list \
                 and self.clock() < end:
             self.sleep(wait)
-            wait = min(2 * wait, OBJECT_RETRY_MAX_SECONDS)
+            wait = min(2 * wait, MESSAGE_RETRY_MAX_SECONDS)
         return response
 
 

@@ -441,6 +441,22 @@ def save_partial(report: dict, out: Path, part: str) -> None:
     print(f"[deploy_benchmark] {part}: {summary} -> {out / 'deploy_benchmark.json'}", flush=True)
 
 
+# What each deployed mode passes run_federation beyond warm, which all but deploy_cold are:
+# the quick SuperNodes' pull interval, the SuperLink's hold, a ClientApp thread per node.
+DEPLOY_MODES = {"deploy_cold": (), "deploy_warm": (), "deploy_quick": ("pull_interval",),
+                "deploy_held": ("pull_interval", "link_hold"),
+                "deploy_one": ("pull_interval", "link_hold", "one_process")}
+
+
+def mode_settings(name: str, pull_interval: float, link_hold: float,
+                  accepted: set[str]) -> dict:
+    """run_federation's keyword arguments for deployed mode `name`; `accepted`: the keywords
+    this run_federation has (the code before the warm ClientApp has no `warm`: always cold)."""
+    values = {"pull_interval": pull_interval, "link_hold": link_hold, "one_process": True}
+    settings = {"warm": name != "deploy_cold", **{k: values[k] for k in DEPLOY_MODES[name]}}
+    return settings if "warm" in accepted else {}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -448,9 +464,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--set", dest="overrides", action="append", default=None)
     p.add_argument("--out", type=Path, default=Path("outputs/deploy-benchmark"))
     p.add_argument("--modes", default="simulation,deploy_warm,deploy_cold",
-                   help="which runs, of simulation, deploy_warm, deploy_cold, deploy_quick, "
-                        "deploy_held, deploy_one (the code before the warm ClientApp has only "
-                        "the first two)")
+                   help=f"which runs, of simulation, {', '.join(DEPLOY_MODES)} (the code "
+                        "before the warm ClientApp has only simulation and deploy_cold)")
     p.add_argument("--pull-interval", type=float, default=0.5,
                    help="deploy_quick's, deploy_held's and deploy_one's SuperNode idle pull "
                         "in seconds (default 0.5)")
@@ -467,6 +482,10 @@ def main(argv: list[str] | None = None) -> int:
                         "torch edge install, deploy/README.md) to measure its footprint")
     args = p.parse_args(argv)
     modes = args.modes.split(",")
+    unknown = [m for m in modes if m != "simulation" and m not in DEPLOY_MODES]
+    if unknown:
+        p.error(f"--modes: unknown {', '.join(unknown)} (of simulation, "
+                f"{', '.join(DEPLOY_MODES)})")
     sets = args.overrides or ["rounds=3", "eval.fraction=0.25"]  # 5 of 20 clients evaluate
     n = int(next((s.split("=")[1] for s in sets if s.startswith("federation.num-clients=")),
                  20))
@@ -489,19 +508,12 @@ def main(argv: list[str] | None = None) -> int:
                                 "cpu_seconds_per_round": cpu.per_round(rounds.ends),
                                 **round_stats(args.out / "simulation")}
         save_partial(report, args.out, "simulation")
-    for name in [m for m in modes if m.startswith("deploy")]:
+    for name in [m for m in modes if m in DEPLOY_MODES]:
         sampler, cpu = TreeSampler(), CpuSampler()
         cpu.start()
         t = time.perf_counter()
-        # the code before the warm ClientApp has no `warm` (and is always cold)
-        mode = {"warm": name in ("deploy_warm", "deploy_quick", "deploy_held", "deploy_one")} \
-            if "warm" in inspect.signature(run_federation).parameters else {}
-        if name in ("deploy_quick", "deploy_held", "deploy_one"):
-            mode["pull_interval"] = args.pull_interval
-        if name in ("deploy_held", "deploy_one"):
-            mode["link_hold"] = args.link_hold
-        if name == "deploy_one":
-            mode["one_process"] = True
+        mode = mode_settings(name, args.pull_interval, args.link_hold,
+                             set(inspect.signature(run_federation).parameters))
         rounds = RoundEnds(show)
         status = run_federation(args.experiment, sets, n, args.out / name, show=rounds,
                                 state_root=args.out / f"{name}-state", during=sampler, **mode)

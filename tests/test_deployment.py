@@ -26,13 +26,15 @@ def rounds(run_dir):
 
 def watch_clientapps(seen):
     """A `during` hook: collect every process that runs a ClientApp beside the nodes (and, under
-    "supernodes", the nodes' own command lines)."""
+    "supernodes", the nodes' own command lines; under "workers", their warm ClientApps)."""
     def watch(nodes):
         seen["supernodes"] = [command_line(node.process.pid) for node in nodes]
         seen["superlink"] = command_line(nodes[0].link.process.pid)
+        seen["workers"] = [node.worker for node in nodes]
         while any(node.alive() for node in nodes):
             for node in nodes:
-                for pid in descendants(node.process.pid) + [node.worker.pid]:
+                worker = [node.worker.pid] if node.worker else []
+                for pid in descendants(node.process.pid) + worker:
                     cmd = command_line(pid)
                     if "flwr-clientapp" in cmd or "warm_clientapp" in cmd:
                         seen[pid] = "warm" if "warm_clientapp" in cmd else "per-message"
@@ -102,6 +104,7 @@ def test_deployment_gives_the_simulation_numbers(tmp_path, monkeypatch):
     assert all("fedapps.quick_supernode --pull-interval 0.5" in cmd
                for cmd in seen.pop("supernodes"))
     assert "fedapps.quick_superlink --link-hold 5 " in seen.pop("superlink")
+    assert all(worker is not None for worker in seen.pop("workers"))
     # every message of a node ran in its one long-running ClientApp process (3 nodes x 5
     # messages would be 15 flwr-clientapp processes with Flower's default isolation)
     assert sorted(seen.values()) == ["warm"] * 3
@@ -144,27 +147,19 @@ def test_one_process_nodes_give_the_simulation_numbers(tmp_path):
     ClientApp process anywhere, the same numbers as the simulation, the tasks logged."""
     sets = ["rounds=2", "federation.num-clients=3", "federation.fraction-fit=1.0"]
     sim, dep = tmp_path / "sim", tmp_path / "dep"
-    seen = {"clientapps": set()}
-
-    def watch(nodes):
-        seen["supernodes"] = [command_line(node.process.pid) for node in nodes]
-        seen["workers"] = [node.worker for node in nodes]
-        while any(node.alive() for node in nodes):
-            for node in nodes:
-                for pid in descendants(node.process.pid):
-                    if any(m in command_line(pid) for m in ("flwr-clientapp", "warm_clientapp")):
-                        seen["clientapps"].add(pid)
-            time.sleep(0.5)
-
+    seen = {}
     with beside(lambda: run_experiment("quickstart", sets, 3, sim, show=QUIET,
                                        total_cpus=1)) as simulation:
-        assert run_federation("quickstart", sets, 3, dep, show=QUIET, during=watch,
+        assert run_federation("quickstart", sets, 3, dep, show=QUIET,
+                              during=watch_clientapps(seen),
                               pull_interval=0.5, link_hold=5.0, one_process=True
                               ) == "finished:completed"
         assert simulation() == "finished:completed"
     assert all("fedapps.one_process_node --pull-interval 0.5" in cmd
-               and "--isolation process" in cmd for cmd in seen["supernodes"])
-    assert seen["workers"] == [None] * 3 and seen["clientapps"] == set()
+               and "--isolation process" in cmd for cmd in seen.pop("supernodes"))
+    assert seen.pop("workers") == [None] * 3
+    seen.pop("superlink")
+    assert seen == {}  # no ClientApp process, warm or per message, anywhere
     for a, b in zip(rounds(sim), rounds(dep), strict=True):
         assert a["global_accuracy"] == pytest.approx(b["global_accuracy"], abs=1e-9)
         assert a["fit_clients"] == b["fit_clients"] == [0, 1, 2]

@@ -67,3 +67,22 @@ def test_task_cpu_takes_each_message_types_medians(tmp_path):
     assert table.splitlines()[2] == "| deploy_held | evaluate | 3 | 0.35 | 0.03 | 900 |"
     assert task_cpu(tmp_path / "missing") == {}
     assert task_cpu_table({"simulation": {}}, ["simulation"]) == ""
+
+
+def test_each_deployed_mode_passes_its_settings_and_an_unknown_one_is_refused(capsys):
+    import pytest
+
+    from simulations.deploy_benchmark import main, mode_settings
+
+    now = {"warm", "pull_interval", "link_hold", "one_process"}
+    assert mode_settings("deploy_cold", 0.5, 5.0, now) == {"warm": False}
+    assert mode_settings("deploy_warm", 0.5, 5.0, now) == {"warm": True}
+    assert mode_settings("deploy_quick", 0.5, 5.0, now) == {"warm": True, "pull_interval": 0.5}
+    assert mode_settings("deploy_held", 0.2, 3.0, now) == {
+        "warm": True, "pull_interval": 0.2, "link_hold": 3.0}
+    assert mode_settings("deploy_one", 0.5, 5.0, now) == {
+        "warm": True, "pull_interval": 0.5, "link_hold": 5.0, "one_process": True}
+    assert mode_settings("deploy_warm", 0.5, 5.0, {"show"}) == {}  # the code before: cold
+    with pytest.raises(SystemExit):  # a typo once ran as deploy_cold without a word
+        main(["--modes", "simulation,deploy_hold", "--out", "/nonexistent/never-written"])
+    assert "--modes: unknown deploy_hold (of simulation, deploy_cold," in capsys.readouterr().err
