@@ -10,7 +10,9 @@ ServerApp stores one; the ServerApp's pull for the replies to its messages is an
 as a node's reply is stored; and a pull of an object announced but not pushed yet (a model on
 its way in either direction) waits as long for the push. A quick SuperNode and a fedapps
 ServerApp notice a held answer and pull again at once; a stock `flower-supernode` keeps its 3 s
-sleep after each held answer, so gains less.
+sleep after each held answer, so gains less. It also sends each request through only the
+HTTP middleware that acts on its API's paths (fedapps/scoped_middleware.py): on 20 nodes
+sharing 2 cores that took the SuperLink's CPU a round from 4.7-4.9 to 2.7-3.3 s.
 
     python -m fedapps.quick_superlink --link-hold 5 <flower-superlink arguments>
 
@@ -24,6 +26,7 @@ import importlib
 import sys
 from types import ModuleType
 
+from fedapps import scoped_middleware
 from fedapps.errors import ConfigError
 from fedapps.held_pulls import (
     HELD_SECONDS,
@@ -94,8 +97,10 @@ def check(seconds: float) -> None:
 def install(seconds: float) -> dict[str, Arrivals]:
     """Hold empty pulls in this process: a node's pull for a message until the link state
     stores one, the ServerApp's pull for replies until one is stored, and a pull of an object
-    announced but not pushed yet until the object store stores one."""
+    announced but not pushed yet until the object store stores one; and skip the Control-only
+    and Fleet-only HTTP middleware on other paths (fedapps/scoped_middleware.py)."""
     check(seconds)
+    scoped_middleware.install()
     return hold_handlers([(module, spec) for module, handlers in held_modules()
                           for spec in handlers], seconds)
 

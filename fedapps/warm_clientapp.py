@@ -204,26 +204,29 @@ def memory_note(memory: list[tuple[int, int] | None]) -> str:
             f" peak {before[1]} -> {after[1]} MB")
 
 
-def cpu_usage() -> tuple[float, float, int] | None:
-    """(user CPU s, kernel CPU s, minor page faults) of this process so far; None without the
-    resource module (Windows)."""
+def cpu_usage() -> tuple[float, float, int, float] | None:
+    """(user CPU s, kernel CPU s, minor page faults) of this process so far and the CPU
+    seconds of the calling thread; None without the resource module (Windows)."""
     try:
         import resource
     except ImportError:
         return None
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime, usage.ru_stime, usage.ru_minflt
+    return usage.ru_utime, usage.ru_stime, usage.ru_minflt, time.thread_time()
 
 
-def cpu_note(before: tuple[float, float, int] | None,
-             after: tuple[float, float, int] | None) -> str:
+def cpu_note(before: tuple[float, float, int, float] | None,
+             after: tuple[float, float, int, float] | None) -> str:
     """The task's line's CPU part: the CPU seconds the process used while the task ran, of them
-    in the kernel, and its minor page faults (memory the kernel had to map in: a process that
-    returns freed memory to the OS pays them again; fedapps/allocator.py)."""
+    in the kernel, its minor page faults (memory the kernel had to map in: a process that
+    returns freed memory to the OS pays them again; fedapps/allocator.py), and the seconds of
+    the task's own thread (the ClientApp's work: with --one-process the rest of the process's
+    is the SuperNode's; torch here computes on that thread, one per client)."""
     if before is None or after is None:
         return ""
-    user, kernel, faults = (a - b for a, b in zip(after, before, strict=True))
-    return f"; CPU {user + kernel:.2f} s, kernel {kernel:.2f} s, {faults} page faults"
+    user, kernel, faults, thread = (a - b for a, b in zip(after, before, strict=True))
+    return (f"; CPU {user + kernel:.2f} s, kernel {kernel:.2f} s, {faults} page faults,"
+            f" {thread:.2f} s in the task's thread")
 
 
 def prompt_object_pulls() -> None:

@@ -18,7 +18,8 @@ where each message's time went (results.json `timing`: in the client, or on the 
 back; fedapps/timing.py; message_timing.png stacks each part's median per mode and phase), and
 the warm ClientApps' log lines say what each kind of task did to their resident memory (before
 it, pulling its input, running it, the peak; `task_memory`) and what CPU each kind of task
-used (median CPU and kernel seconds and minor page faults; `task_cpu`). A fresh interpreter
+used (median CPU and kernel seconds, minor page faults and the task thread's own CPU;
+`task_cpu`). A fresh interpreter
 also times what each cold message pays before training (imports + data) and one fit, with the
 peak RSS after each stage (and whether the fit imported torch._dynamo), then what importing a
 warm ClientApp's Flower runtime adds; `--python` runs that probe under another environment's
@@ -260,7 +261,7 @@ def round_stats(run_dir: Path) -> dict:
 TASK_LINE = re.compile(r"\[warm-clientapp\] (\S+) task done .*?; resident (\d+) MB before"
                        r"(?:, (\d+) with its input)?, (\d+) after; peak (\d+) -> (\d+) MB")
 TASK_CPU = re.compile(r"\[warm-clientapp\] (\S+) task done [^\n]*?; CPU ([\d.]+) s, kernel "
-                      r"([\d.]+) s, (\d+) page faults")
+                      r"([\d.]+) s, (\d+) page faults(?:, ([\d.]+) s in the task's thread)?")
 
 
 def task_values(log_dir: Path, line: re.Pattern) -> dict[str, list[list[str | None]]]:
@@ -294,11 +295,16 @@ def task_memory(log_dir: Path) -> dict[str, dict[str, int]]:
 
 def task_cpu(log_dir: Path) -> dict[str, dict[str, float]]:
     """Per message type, over every warm ClientApp task in a deployment's node logs: how many
-    ran and the median CPU seconds, kernel CPU seconds and minor page faults of one."""
-    return {kind: {"tasks": len(found),
-                   "cpu_s": round(statistics.median(float(v[0]) for v in found), 3),
-                   "kernel_s": round(statistics.median(float(v[1]) for v in found), 3),
-                   "page_faults": int(statistics.median(int(v[2]) for v in found))}
+    ran and the median CPU seconds, kernel CPU seconds and minor page faults of one, and the
+    median CPU seconds of its own thread (None where the lines predate them)."""
+    def median(values: list[str | None], kind: type = float) -> float | None:
+        present = [kind(v) for v in values if v is not None]
+        return round(statistics.median(present), 3) if present else None
+
+    return {kind: {"tasks": len(found), "cpu_s": median([v[0] for v in found]),
+                   "kernel_s": median([v[1] for v in found]),
+                   "page_faults": int(median([v[2] for v in found], int)),
+                   "thread_s": median([v[3] for v in found])}
             for kind, found in task_values(log_dir, TASK_CPU).items()}
 
 
@@ -323,9 +329,11 @@ def memory_table(report: dict, modes: list[str]) -> str:
 
 def task_cpu_table(report: dict, modes: list[str]) -> str:
     return task_table(report, modes, "task_cpu",
-                      ["tasks", "CPU s (median)", "of it kernel", "page faults"],
+                      ["tasks", "CPU s (median)", "of it kernel", "page faults",
+                       "the task's thread"],
                       lambda m: [str(m["tasks"]), f"{m['cpu_s']:.2f}", f"{m['kernel_s']:.2f}",
-                                 str(m["page_faults"])])
+                                 str(m["page_faults"]),
+                                 "-" if m.get("thread_s") is None else f"{m['thread_s']:.2f}"])
 
 
 def cpu_table(report: dict, modes: list[str]) -> str:

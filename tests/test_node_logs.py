@@ -57,14 +57,19 @@ def test_task_cpu_takes_each_message_types_medians(tmp_path):
     (tmp_path / "supernode-0.log").write_text(
         line.format("evaluate", "0.40", "0.20", 120000) + line.format("train", "2.00", "0.05", 5000)
         + "INFO : [warm-clientapp] train task done in 1.00 s (completed)\n")  # no CPU part
+    thread = line.replace(" page faults\n", " page faults, {} s in the task's thread\n")
     (tmp_path / "supernode-1.log").write_text(
-        line.format("evaluate", "0.30", "0.01", 40) + line.format("evaluate", "0.35", "0.03", 900))
+        thread.format("evaluate", "0.30", "0.01", 40, "0.25")
+        + thread.format("evaluate", "0.35", "0.03", 900, "0.27"))
     (tmp_path / "superlink.log").write_text(line.format("train", "9.00", "9.00", 9))
     cpu = task_cpu(tmp_path)
-    assert cpu == {"evaluate": {"tasks": 3, "cpu_s": 0.35, "kernel_s": 0.03, "page_faults": 900},
-                   "train": {"tasks": 1, "cpu_s": 2.0, "kernel_s": 0.05, "page_faults": 5000}}
+    assert cpu == {"evaluate": {"tasks": 3, "cpu_s": 0.35, "kernel_s": 0.03, "page_faults": 900,
+                                "thread_s": 0.26},  # of the two lines that give it
+                   "train": {"tasks": 1, "cpu_s": 2.0, "kernel_s": 0.05, "page_faults": 5000,
+                             "thread_s": None}}
     table = task_cpu_table({"deploy_held": {"task_cpu": cpu}}, ["simulation", "deploy_held"])
-    assert table.splitlines()[2] == "| deploy_held | evaluate | 3 | 0.35 | 0.03 | 900 |"
+    assert table.splitlines()[2] == "| deploy_held | evaluate | 3 | 0.35 | 0.03 | 900 | 0.26 |"
+    assert table.splitlines()[3] == "| deploy_held | train | 1 | 2.00 | 0.05 | 5000 | - |"
     assert task_cpu(tmp_path / "missing") == {}
     assert task_cpu_table({"simulation": {}}, ["simulation"]) == ""
 

@@ -204,11 +204,12 @@ def test_each_task_logs_its_memory_in_the_line_the_benchmark_reads(monkeypatch):
 def test_each_task_logs_its_cpu_in_the_line_the_benchmark_reads():
     from simulations.deploy_benchmark import TASK_CPU, TASK_LINE
 
-    note = warm.cpu_note((1.0, 0.25, 1000), (1.5, 0.375, 4731))
-    assert note == "; CPU 0.62 s, kernel 0.12 s, 3731 page faults"
+    note = warm.cpu_note((1.0, 0.25, 1000, 7.0), (1.5, 0.375, 4731, 7.5))
+    assert note == ("; CPU 0.62 s, kernel 0.12 s, 3731 page faults, 0.50 s in the task's"
+                    " thread")
     line = ("INFO : [warm-clientapp] evaluate task done in 1.02 s (completed); resident 300 MB"
             f" before, 330 after; peak 310 -> 372 MB{note}")
-    assert TASK_CPU.search(line).groups() == ("evaluate", "0.62", "0.12", "3731")
+    assert TASK_CPU.search(line).groups() == ("evaluate", "0.62", "0.12", "3731", "0.50")
     assert TASK_LINE.search(line).groups()[0] == "evaluate"  # the memory part still read
     assert warm.cpu_note(None, None) == ""
 
@@ -216,14 +217,30 @@ def test_each_task_logs_its_cpu_in_the_line_the_benchmark_reads():
 def test_cpu_usage_is_this_processes():
     import resource
 
-    user, kernel, faults = warm.cpu_usage()
+    user, kernel, faults, thread = warm.cpu_usage()
     usage = resource.getrusage(resource.RUSAGE_SELF)
     assert 0 < user <= usage.ru_utime and 0 <= kernel <= usage.ru_stime
     assert 0 < faults <= usage.ru_minflt
+    assert 0 < thread <= time.thread_time()
     start = time.process_time()
     while time.process_time() - start < 0.05:  # some work: the next reading has grown
         pass
     assert warm.cpu_usage()[0] > user
+
+    def spin() -> None:  # another thread's work counts for the process, not for this thread
+        begun = time.thread_time()
+        while time.thread_time() - begun < 0.2:
+            pass
+
+    import threading
+
+    before = warm.cpu_usage()
+    other = threading.Thread(target=spin)
+    other.start()
+    other.join()
+    after = warm.cpu_usage()
+    assert after[0] + after[1] - before[0] - before[1] >= 0.15
+    assert after[3] - before[3] < 0.1
 
 
 def test_memory_is_read_from_this_process():
