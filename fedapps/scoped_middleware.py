@@ -6,7 +6,7 @@ eight: six of them act only on Control or only on Fleet paths and hand every oth
 unchanged, but a `BaseHTTPMiddleware` costs its task group, streams and wrapped response even
 when it only passes a request through. A deployed round is a few hundred small requests (each
 object of each message is pushed and pulled with one of its own), and on 20 SuperNodes sharing
-2 cores the SuperLink spent most of its CPU in this machinery (docs/PERFORMANCE.md, "The
+2 cores a profile put much of the SuperLink's CPU in this machinery (docs/PERFORMANCE.md, "The
 SuperLink's middleware").
 
 `install()` wraps each of those six in `OnPaths`, a plain ASGI layer that sends a request whose
@@ -47,18 +47,18 @@ SCOPES = {
 
 
 class OnPaths:
-    """A plain ASGI layer: HTTP requests whose path contains `scope` go through `middleware`
-    (built on the next layer as Starlette would build it), all others straight to the next
-    layer. A middleware that is itself a `BaseHTTPMiddleware` passes non-HTTP events
+    """A plain ASGI layer: HTTP requests whose path contains `path_part` go through
+    `middleware` (built on the next layer as Starlette would build it), all others straight to
+    the next layer. A middleware that is itself a `BaseHTTPMiddleware` passes non-HTTP events
     (lifespan) straight on too, so those skip it here as well."""
 
-    def __init__(self, app: Any, middleware: type, scope: str, args: tuple = (),
+    def __init__(self, app: Any, middleware: type, path_part: str, args: tuple = (),
                  kwargs: dict | None = None) -> None:
-        self.app, self.scope = app, scope
+        self.app, self.path_part = app, path_part
         self.middleware = middleware(app, *args, **(kwargs or {}))
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
-        if scope["type"] == "http" and self.scope in scope["path"]:
+        if scope["type"] == "http" and self.path_part in scope["path"]:
             await self.middleware(scope, receive, send)
         else:
             await self.app(scope, receive, send)
@@ -89,7 +89,7 @@ def scoped(middleware: list) -> tuple[list, int]:
         if prefix is None:
             result.append(entry)
         else:
-            result.append(Middleware(OnPaths, middleware=entry.cls, scope=prefix,
+            result.append(Middleware(OnPaths, middleware=entry.cls, path_part=prefix,
                                      args=entry.args, kwargs=entry.kwargs))
             wrapped += 1
     return result, wrapped

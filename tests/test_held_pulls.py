@@ -173,7 +173,11 @@ def test_a_handler_with_other_parameters_is_not_held(tmp_path, monkeypatch):
 
 @pytest.fixture
 def flower_restored(monkeypatch):
-    """Whatever the holds patch in Flower (handlers, store methods) is put back afterwards."""
+    """Whatever the holds patch in Flower (handlers, store methods, the SuperLink's middleware
+    list) is put back afterwards."""
+    import flwr.superlink.main as superlink_main
+
+    monkeypatch.setattr(superlink_main, "_get_middleware", superlink_main._get_middleware)
     for module_name, specs in ((quick_supernode.RUNTIME_HANDLERS, quick_supernode.RUNTIME_HELD),
                                (quick_superlink.FLEET_HANDLERS, quick_superlink.HANDLERS),
                                (quick_superlink.RUNTIME_HANDLERS, quick_superlink.REPLY_HANDLERS)):
@@ -218,6 +222,11 @@ def test_a_holding_superlink_wraps_its_fleet_pulls_once(flower_restored):
     replies = importlib.import_module(quick_superlink.RUNTIME_HANDLERS)
     for module in (handlers, replies):
         assert is_wrapped(module.pull_messages) and is_wrapped(module.pull_object)
+    import flwr.superlink.main as superlink_main
+
+    from fedapps.scoped_middleware import OnPaths  # and its middleware scoped
+
+    assert sum(m.cls is OnPaths for m in superlink_main._get_middleware()) == 6
     with pytest.raises(ConfigError, match="run without --link-hold"):
         quick_superlink.check(5.0)
 

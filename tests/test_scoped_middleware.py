@@ -29,7 +29,7 @@ def test_the_six_path_scoped_layers_are_wrapped_in_flowers_order() -> None:
         if name in SCOPED:
             assert after.cls is OnPaths
             assert after.kwargs["middleware"] is before.cls
-            assert after.kwargs["scope"] == SCOPED[name]
+            assert after.kwargs["path_part"] == SCOPED[name]
             assert (after.kwargs["args"], after.kwargs["kwargs"]) == (before.args,
                                                                       before.kwargs)
         else:  # the error translator and the protobuf translation see every request
