@@ -98,6 +98,11 @@ def build_parser() -> tuple[argparse.ArgumentParser, Any]:
     d.add_argument("--link-hold", type=float, default=None, metavar="SECONDS",
                    help=LINK_HOLD_HELP)
     d.add_argument("--one-process", action="store_true", help=ONE_PROCESS_HELP)
+    d.add_argument("--compute-slots", type=int, default=None, metavar="N",
+                   help="at most N of the local nodes' ClientApps compute at once, the others "
+                        "waiting for a slot, as a simulation runs as many clients as it has "
+                        "cores (default: this machine's cores; 0: all at once; warm nodes "
+                        "only; fedapps/compute_slots.py)")
     n = sub.add_parser("node", help="start one SuperNode for this app (e.g. on a Jetson)")
     n.add_argument("--superlink", required=True, help="SuperLink Fleet address host:port")
     n.add_argument("--partition-id", type=int, required=True,
@@ -294,6 +299,13 @@ def _deploy_local(args: argparse.Namespace) -> int:
         from fedapps.quick_superlink import check
 
         check(args.link_hold)
+    slots = args.compute_slots
+    if slots is None:
+        from fedapps.compute_slots import machine_cores
+
+        slots = machine_cores()
+    if slots < 0:
+        raise ConfigError(f"--compute-slots {slots}: must be 0 (no limit) or more")
     cfg, out, n = _named_run(args)
     if args.tls:
         check_tls_folder(Path(args.tls).resolve(), n)
@@ -305,6 +317,7 @@ def _deploy_local(args: argparse.Namespace) -> int:
                             secure=Path(args.tls).resolve() if args.tls else None,
                             warm=not args.cold, pull_interval=args.pull_interval,
                             link_hold=args.link_hold, one_process=args.one_process,
+                            compute_slots=slots or None,
                             show=(lambda line: True) if args.verbose else _show,
                             mode=_mode(args))
     return _report(status, out)

@@ -23,6 +23,7 @@ from pathlib import Path
 import httpx
 
 from fedapps import rundir
+from fedapps.compute_slots import environment as slots_environment
 from fedapps.errors import ConfigError
 from fedapps.launcher import CONNECTION, LocalSuperLink, default_filter, free_port, submit
 from fedapps.processes import mark_of, start_watched, stop_trees, unwatch
@@ -161,6 +162,7 @@ def run_federation(
     pull_interval: float | None = None,
     link_hold: float | None = None,
     one_process: bool = False,
+    compute_slots: int | None = None,
 ) -> str:
     """Start a SuperLink and `num_nodes` SuperNodes, run the app, stop everything.
 
@@ -177,6 +179,9 @@ def run_federation(
     `link_hold`: the SuperLink holds an empty pull up to this many seconds until what it asks
     for arrives: a message for the node, a reply for the ServerApp, the object pulled
     (fedapps/quick_superlink.py; None: Flower's SuperLink as it is).
+    `compute_slots`: with `warm`, at most this many of the nodes' ClientApps compute at once,
+    the others waiting for a slot, as a simulation runs as many clients as it has cores
+    (fedapps/compute_slots.py; None: all at once).
     Returns the SuperLink's final run status."""
     with rundir.claim(run_dir, mode) as run_id:
         run_config = {"experiment": experiment, "overrides": shlex.join(overrides),
@@ -184,7 +189,7 @@ def run_federation(
                       "run-id": run_id}
         return _federate(run_config, num_nodes, data_root, state_root, node_extra,
                          superlink_args, supernode_args, connection, show, during, secure, warm,
-                         pull_interval, link_hold, one_process)
+                         pull_interval, link_hold, one_process, compute_slots)
 
 
 def _federate(run_config: dict[str, str], num_nodes: int, data_root: Path | None,
@@ -193,7 +198,7 @@ def _federate(run_config: dict[str, str], num_nodes: int, data_root: Path | None
               connection: dict[str, object] | None, show: Callable[[str], bool],
               during: Callable[[list[SuperNode]], None] | None, secure: Path | None,
               warm: bool, pull_interval: float | None, link_hold: float | None,
-              one_process: bool) -> str:
+              one_process: bool, compute_slots: int | None) -> str:
     """run_federation's work once the run directory is claimed."""
     import threading
 
@@ -209,6 +214,9 @@ def _federate(run_config: dict[str, str], num_nodes: int, data_root: Path | None
         with LocalSuperLink(workdir, simulation=False, extra_args=superlink_args,
                             connection=connection, database=IN_MEMORY_LINK_STATE,
                             hold=link_hold) as link:
+            if warm and compute_slots:
+                link.extra_env.update(slots_environment(workdir / "compute-slots",
+                                                        compute_slots))
             try:
                 for i in range(num_nodes):
                     if secure is not None:

@@ -31,7 +31,12 @@ from logging import ERROR, INFO
 from pathlib import Path
 from typing import Any
 
-from fedapps.held_pulls import HELD_SECONDS  # stdlib only, like the other fedapps imports here
+from fedapps.compute_slots import (  # stdlib only, like the other fedapps imports here
+    ComputeSlots,
+    from_environment,
+    held_slot,
+)
+from fedapps.held_pulls import HELD_SECONDS
 
 # Polls of the SuperNode for a task: fast right after start and after each task, then slower
 # while idle, up to Flower's SuperExec's once a second. A poll is an HTTP request that this
@@ -92,12 +97,13 @@ def forget_modules_under(folder: Path) -> None:
 
 
 def run_task(connect: Callable[[str | None], Any], token: str, apps: WarmClientApps,
-             taken: float | None = None) -> bool:
+             taken: float | None = None, slots: ComputeSlots | None = None) -> bool:
     """Run one ClientApp task in this process; True if the ClientApp completed it. `connect`:
     token -> a client of the SuperNode's Runtime API (over HTTP, or its handlers called
     directly in a one-process node, fedapps/one_process_node.py). `taken`: when the task was
     acquired (time.time()); with it the client's answer says how long the task took to arrive
-    and to pull (fedapps/timing.py)."""
+    and to pull (fedapps/timing.py). `slots`: the ClientApp computes holding one of them
+    (fedapps/compute_slots.py: deploy-local's nodes on one machine)."""
     from flwr.app import Message
     from flwr.app.error import Error
     from flwr.clientapp.client_app import LoadClientAppError
@@ -125,7 +131,8 @@ def run_task(connect: Callable[[str | None], Any], token: str, apps: WarmClientA
         memory.append(memory_mb())
         if taken is not None:
             stamp(context.node_config, taken, time.time())
-        reply = apps.get(run, fab)(message=message, context=context)
+        with held_slot(slots):  # deploy-local's nodes share the machine's cores
+            reply = apps.get(run, fab)(message=message, context=context)
         status, details = SubStatus.COMPLETED, ""
     except Exception as ex:  # noqa: BLE001 - reported to the server, as flwr-clientapp does
         code, reason = ErrorCode.CLIENT_APP_RAISED_EXCEPTION, f"{type(ex)}:<'{ex}'>"
@@ -277,7 +284,9 @@ def serve(address: str, insecure: bool = True, root_certificates: str | None = N
           connect: Callable[[str | None], Any] | None = None) -> None:
     """Take this SuperNode's ClientApp tasks and run them here, until the SuperNode exits;
     `poll_max`: the longest wait between polls while idle. `connect`: token (None for the
-    polls) -> a Runtime API client; by default an HTTP client of `address`."""
+    polls) -> a Runtime API client; by default an HTTP client of `address`. With
+    FEDAPPS_COMPUTE_SLOTS and FEDAPPS_COMPUTE_SLOT_DIR set (deploy-local), each task computes
+    holding one of those slots (fedapps/compute_slots.py)."""
     import torch  # noqa: F401 - the expensive imports, once and before the first message
     from flwr.proto.runtime_pb2 import AcquireTaskRequest
     from flwr.supercore import log
@@ -296,7 +305,10 @@ def serve(address: str, insecure: bool = True, root_certificates: str | None = N
     prompt_object_pulls()
     control = connect(None)
     apps = WarmClientApps()
-    log(INFO, "[warm-clientapp] serving ClientApp tasks of %s", address)
+    slots = from_environment()
+    log(INFO, "[warm-clientapp] serving ClientApp tasks of %s%s", address,
+        "" if slots is None else f", computing in one of {slots.count} slots at a time"
+                                 f" ({slots.folder})")
     wait = POLL_FIRST_SECONDS
     try:
         while True:
@@ -305,7 +317,7 @@ def serve(address: str, insecure: bool = True, root_certificates: str | None = N
                 res = control.AcquireTask(
                     AcquireTaskRequest(supported_task_types=[TaskType.CLIENT_APP.value]))
                 if res.HasField("task") and res.token:
-                    run_task(connect, res.token, apps, time.time())
+                    run_task(connect, res.token, apps, time.time(), slots)
                     wait = POLL_FIRST_SECONDS
                     continue
                 if time.monotonic() - asked >= HELD_SECONDS:  # a quick SuperNode held it

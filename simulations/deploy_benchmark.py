@@ -44,6 +44,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from fedapps.compute_slots import machine_cores
 from fedapps.deploy import SuperNode, run_federation
 from fedapps.launcher import default_filter, run_experiment
 from fedapps.processes import child_map, command_line, cpu_seconds, descendants
@@ -457,11 +458,14 @@ DEPLOY_MODES = {"deploy_cold": (), "deploy_warm": (), "deploy_quick": ("pull_int
 
 
 def mode_settings(name: str, pull_interval: float, link_hold: float,
-                  accepted: set[str]) -> dict:
+                  accepted: set[str], compute_slots: int = 0) -> dict:
     """run_federation's keyword arguments for deployed mode `name`; `accepted`: the keywords
-    this run_federation has (the code before the warm ClientApp has no `warm`: always cold)."""
+    this run_federation has (the code before the warm ClientApp has no `warm`: always cold;
+    the code before compute slots, none). `compute_slots`: for every warm mode (0: none)."""
     values = {"pull_interval": pull_interval, "link_hold": link_hold, "one_process": True}
     settings = {"warm": name != "deploy_cold", **{k: values[k] for k in DEPLOY_MODES[name]}}
+    if compute_slots and settings["warm"] and "compute_slots" in accepted:
+        settings["compute_slots"] = compute_slots
     return settings if "warm" in accepted else {}
 
 
@@ -480,6 +484,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--link-hold", type=float, default=5.0,
                    help="deploy_held's and deploy_one's SuperLink hold of an empty pull in "
                         "seconds (default 5)")
+    p.add_argument("--compute-slots", type=int, default=machine_cores(),
+                   help="the warm modes' compute slots, as `deploy-local --compute-slots` "
+                        "(default: this machine's cores, as deploy-local; 0: all at once)")
     p.add_argument("--probe-only", action="store_true",
                    help="only the fresh-interpreter probe (runs with the fedapps on PYTHONPATH)")
     p.add_argument("--progress", action="store_true",
@@ -521,7 +528,8 @@ def main(argv: list[str] | None = None) -> int:
         cpu.start()
         t = time.perf_counter()
         mode = mode_settings(name, args.pull_interval, args.link_hold,
-                             set(inspect.signature(run_federation).parameters))
+                             set(inspect.signature(run_federation).parameters),
+                             args.compute_slots)
         rounds = RoundEnds(show)
         status = run_federation(args.experiment, sets, n, args.out / name, show=rounds,
                                 state_root=args.out / f"{name}-state", during=sampler, **mode)

@@ -404,10 +404,12 @@ def _broken_setups(tmp):
      "--pull-interval 0: must be from 0.05 s to Flower's own 3 s"),
     (["deploy-local", "quickstart", "--link-hold", "1", "--set",
       "output.output-dir={tmp}/out"], "--link-hold 1: must be from 2 to 20 s"),
+    (["deploy-local", "quickstart", "--compute-slots", "-1", "--set",
+      "output.output-dir={tmp}/out"], "--compute-slots -1: must be 0 (no limit) or more"),
 ], ids=["unwritable-output-dir", "truncated-checkpoint", "tls-too-few-node-keys",
         "run-name-dotdot", "run-name-slash", "fedrolex-model-name", "seeds-0", "plots-curve",
         "node-num-partitions-0", "node-pull-interval-9", "deploy-pull-interval-0",
-        "deploy-link-hold-1"])
+        "deploy-link-hold-1", "deploy-compute-slots-negative"])
 def test_cli_refuses_before_anything_starts(argv, message, tmp_path, capsys, nothing_starts):
     """Each used to fail 20-40 s in, inside Flower, with a traceback (or ran nothing and
     exited 0: `--seeds 0`; or silently ignored a key: fedrolex's model.name)."""
@@ -453,3 +455,26 @@ def test_every_command_and_argument_has_help():
         assert listed[name], f"fedapps {name}: no help"
         for action in command._actions:
             assert action.help, f"fedapps {name} {action.option_strings or action.dest}: no help"
+
+
+@pytest.mark.parametrize("argv, slots", [([], "cores"), (["--compute-slots", "0"], None),
+                                         (["--compute-slots", "3"], 3)])
+def test_deploy_local_computes_in_as_many_slots_as_cores_by_default(argv, slots, tmp_path,
+                                                                     monkeypatch, capsys):
+    """fedapps/compute_slots.py: deploy-local's nodes take turns on the machine's cores unless
+    told otherwise (0: all at once, which run_federation takes as None)."""
+    from fedapps import deploy
+    from fedapps.compute_slots import machine_cores
+    from simulations.cli import main
+
+    passed = {}
+
+    def federation(*args, **kwargs):
+        passed.update(kwargs)
+        return "stopped"
+
+    monkeypatch.setattr(deploy, "run_federation", federation)
+    assert main(["deploy-local", "quickstart", "--set", f"output.output-dir={tmp_path}",
+                 *argv]) == 1  # the stand-in ran nothing
+    assert passed["compute_slots"] == (machine_cores() if slots == "cores" else slots)
+    assert "run failed" in capsys.readouterr().err

@@ -1,6 +1,7 @@
 """Real deployments on loopback: a SuperLink and SuperNode processes, as on edge devices."""
 
 import json
+import re
 import signal
 import tempfile
 import threading
@@ -98,7 +99,7 @@ def test_deployment_gives_the_simulation_numbers(tmp_path, monkeypatch):
                                        total_cpus=1)) as simulation:
         assert run_federation(experiment, sets, 3, dep, state_root=tmp_path / "state",
                               show=QUIET, during=both(watch_clientapps(seen), lock_link_state()),
-                              pull_interval=0.5, link_hold=5.0
+                              pull_interval=0.5, link_hold=5.0, compute_slots=2
                               ) == "finished:completed"  # the lock cannot stop it
         assert simulation() == "finished:completed"
     assert all("fedapps.quick_supernode --pull-interval 0.5" in cmd
@@ -138,7 +139,9 @@ def test_deployment_gives_the_simulation_numbers(tmp_path, monkeypatch):
     assert {kind: m["tasks"] for kind, m in cpu.items()} == {
         "evaluate": 6, "get_properties": 3, "train": 6}, cpu
     assert all(0 <= m["kernel_s"] <= m["cpu_s"] and m["page_faults"] >= 0
+               and 0 < m["thread_s"] <= m["cpu_s"] + 0.01
                for m in cpu.values()) and cpu["train"]["cpu_s"] > 0, cpu
+    assert slots_named(dep / "logs") == [2] * 3  # each ClientApp computed in a shared slot
     assert (dep / "logs" / "superlink.log").is_file()
 
 
@@ -152,8 +155,8 @@ def test_one_process_nodes_give_the_simulation_numbers(tmp_path):
                                        total_cpus=1)) as simulation:
         assert run_federation("quickstart", sets, 3, dep, show=QUIET,
                               during=watch_clientapps(seen),
-                              pull_interval=0.5, link_hold=5.0, one_process=True
-                              ) == "finished:completed"
+                              pull_interval=0.5, link_hold=5.0, one_process=True,
+                              compute_slots=1) == "finished:completed"
         assert simulation() == "finished:completed"
     assert all("fedapps.one_process_node --pull-interval 0.5" in cmd
                and "--isolation process" in cmd for cmd in seen.pop("supernodes"))
@@ -166,6 +169,16 @@ def test_one_process_nodes_give_the_simulation_numbers(tmp_path):
     cpu = task_cpu(dep / "logs")  # each node's thread logged its tasks in the node's log
     assert {kind: m["tasks"] for kind, m in cpu.items()} == {
         "evaluate": 6, "get_properties": 3, "train": 6}, cpu
+    assert slots_named(dep / "logs") == [1] * 3  # one fit at a time: the same numbers
+
+
+def slots_named(log_dir):
+    """The compute slots each node's ClientApp said it computes in, node by node."""
+    found = []
+    for path in sorted(log_dir.glob("supernode-*.log")):
+        m = re.search(r"computing in one of (\d+) slots at a time", path.read_text())
+        found.append(int(m.group(1)) if m else None)
+    return found
 
 
 def test_bad_updates_and_crashes_are_counted_not_aggregated(tmp_path):

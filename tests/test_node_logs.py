@@ -88,6 +88,13 @@ def test_each_deployed_mode_passes_its_settings_and_an_unknown_one_is_refused(ca
     assert mode_settings("deploy_one", 0.5, 5.0, now) == {
         "warm": True, "pull_interval": 0.5, "link_hold": 5.0, "one_process": True}
     assert mode_settings("deploy_warm", 0.5, 5.0, {"show"}) == {}  # the code before: cold
+    slots = now | {"compute_slots"}
+    assert mode_settings("deploy_one", 0.5, 5.0, slots, 2) == {
+        "warm": True, "pull_interval": 0.5, "link_hold": 5.0, "one_process": True,
+        "compute_slots": 2}
+    assert mode_settings("deploy_cold", 0.5, 5.0, slots, 2) == {"warm": False}  # not Flower's
+    assert mode_settings("deploy_warm", 0.5, 5.0, slots, 0) == {"warm": True}
+    assert mode_settings("deploy_warm", 0.5, 5.0, now, 2) == {"warm": True}  # the code before
     with pytest.raises(SystemExit):  # a typo once ran as deploy_cold without a word
         main(["--modes", "simulation,deploy_hold", "--out", "/nonexistent/never-written"])
     assert "--modes: unknown deploy_hold (of simulation, deploy_cold," in capsys.readouterr().err
