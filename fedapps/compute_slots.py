@@ -2,8 +2,8 @@
 
 `fedapps deploy-local` runs every SuperNode on the machine it runs on. When a round's training
 clients outnumber its cores, their processes share the cores by time slices, and each fit then
-costs more CPU than alone (caches, switches): with 5 training nodes on 2 cores a fit's task took
-6.14 CPU seconds (median) where two at a time took 4.57 (docs/PERFORMANCE.md, "Compute
+costs more CPU than with fewer at once: with 5 training nodes on 2 cores a fit's task took
+5.50-6.14 CPU seconds (median) where two at a time took 4.57-5.01 (docs/PERFORMANCE.md, "Compute
 slots"). A Flower simulation never does this: Ray runs as many clients at once as the cores
 allow and queues the rest. So deploy-local's warm ClientApps take one of N slots (default: the
 machine's cores) for the duration of a task and wait for one when all are taken; a slot is an
