@@ -298,8 +298,8 @@ def task_cpu(log_dir: Path) -> dict[str, dict[str, float]]:
     """Per message type, over every warm ClientApp task in a deployment's node logs: how many
     ran and the median CPU seconds, kernel CPU seconds and minor page faults of one, and the
     median CPU seconds of its own thread (None where the lines predate them)."""
-    def median(values: list[str | None], kind: type = float) -> float | None:
-        present = [kind(v) for v in values if v is not None]
+    def median(values: list[str | None], convert: type = float) -> float | None:
+        present = [convert(v) for v in values if v is not None]
         return round(statistics.median(present), 3) if present else None
 
     return {kind: {"tasks": len(found), "cpu_s": median([v[0] for v in found]),
