@@ -37,9 +37,8 @@ def machine_cores() -> int:
 
 def environment(folder: Path, count: int) -> dict[str, str]:
     """The variables that give every node started with them `count` slots in `folder`."""
-    if count < 1:
-        raise ValueError(f"compute slots: {count}, must be at least 1")
-    return {COUNT_VARIABLE: str(count), FOLDER_VARIABLE: str(folder)}
+    slots = ComputeSlots(folder, count)  # refuses a count below 1
+    return {COUNT_VARIABLE: str(slots.count), FOLDER_VARIABLE: str(slots.folder)}
 
 
 class ComputeSlots:
@@ -83,6 +82,9 @@ def from_environment(env: Mapping[str, str] = os.environ) -> ComputeSlots | None
     count, folder = env.get(COUNT_VARIABLE), env.get(FOLDER_VARIABLE)
     if not count or not folder:
         return None
+    if not count.isdigit():
+        raise ValueError(f"{COUNT_VARIABLE}={count!r}: must be a whole number of slots, "
+                         "at least 1")
     return ComputeSlots(Path(folder), int(count))
 
 

@@ -19,8 +19,8 @@ back; fedapps/timing.py; message_timing.png stacks each part's median per mode a
 the warm ClientApps' log lines say what each kind of task did to their resident memory (before
 it, pulling its input, running it, the peak; `task_memory`) and what CPU each kind of task
 used (median CPU and kernel seconds, minor page faults and the task thread's own CPU;
-`task_cpu`). A fresh interpreter
-also times what each cold message pays before training (imports + data) and one fit, with the
+`task_cpu`). A fresh interpreter also times what each cold message pays before training
+(imports + data) and one fit, with the
 peak RSS after each stage (and whether the fit imported torch._dynamo), then what importing a
 warm ClientApp's Flower runtime adds; `--python` runs that probe under another environment's
 interpreter (the lean node install of deploy/README.md). `--progress` prints each run's

@@ -50,10 +50,15 @@ def test_a_slot_is_given_back_when_its_task_raises(tmp_path):
     with pytest.raises(RuntimeError), slots.held():
         raise RuntimeError("the task failed")
     done = []
-    thread = threading.Thread(target=lambda: done.append(slots.held().__enter__()))
+
+    def take() -> None:
+        with slots.held() as number:
+            done.append(number)
+
+    thread = threading.Thread(target=take)
     thread.start()
     thread.join(timeout=2)
-    assert done == [0]
+    assert done == [0]  # the only slot, free again
 
 
 HOLDER = """
@@ -99,3 +104,6 @@ def test_the_environment_names_the_slots_of_every_node(tmp_path):
         environment(tmp_path, 0)
     with pytest.raises(ValueError, match="at least 1"):
         ComputeSlots(tmp_path, 0)
+    for bad in ("two", "-1", "0"):  # a hand-set variable: one line that says what is wrong
+        with pytest.raises(ValueError, match=f"{COUNT_VARIABLE}=.*|at least 1"):
+            from_environment({COUNT_VARIABLE: bad, FOLDER_VARIABLE: str(tmp_path)})
