@@ -7,7 +7,6 @@ Data is loaded and partitioned once per process and kept in memory.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -25,12 +24,12 @@ from fedapps.packed_arrays import packed_arrays_mod
 from fedapps.registry import ALGORITHMS, algo_settings
 from fedapps.rundir import check_run_id
 from fedapps.runtime import config_from_run, dataset_task, select_device, train_settings
-from fedapps.timing import client_timing, node_stamps
+from fedapps.timing import client_clocks, client_timing, node_stamps
 
 
 def client_fn(context: Context) -> Client:
     """Build this node's client for one message (Flower calls it per message)."""
-    made = time.time(), time.perf_counter()  # the message's client time starts here
+    made = client_clocks()  # the message's client time starts here
     cfg = config_from_run(context.run_config)
     node = context.node_config
     if "partition-id" not in node:
@@ -70,10 +69,12 @@ class DeferredClient(NumPyClient):
     nodes was most of the start-up (docs/PERFORMANCE.md, "Large federations")."""
 
     def __init__(self, partition_id: int, data: Any, build: Callable[[], NumPyClient],
-                 made: tuple[float, float] | None = None,
+                 made: tuple[float, ...] | None = None,
                  stamps: Mapping[str, float] | None = None) -> None:
         self.partition_id, self.data, self.build = partition_id, data, build
-        self.made = made  # (time.time(), perf_counter()) when client_fn began, for timing
+        # client_clocks() when client_fn began, for timing: (time.time(), perf_counter()
+        # [, thread CPU seconds])
+        self.made = made
         self.stamps = stamps  # a warm ClientApp's stamps of the task (fedapps/timing.py)
         self.built: NumPyClient | None = None
 
@@ -91,14 +92,18 @@ class DeferredClient(NumPyClient):
     def fit(self, parameters: Any, config: dict[str, Any]) -> Any:
         """The client's answer, saying when this message's client work began (client_fn) and
         how long it took: the server splits each message's time with it (fedapps/timing.py)."""
-        wall, started = self.made or (time.time(), time.perf_counter())
+        made = self.made or client_clocks()
         arrays, n, metrics = self.client().fit(parameters, config)
-        return arrays, n, {**metrics, **client_timing(wall, started, self.stamps)}
+        return arrays, n, {**metrics, **self.timing(made)}
 
     def evaluate(self, parameters: Any, config: dict[str, Any]) -> Any:
-        wall, started = self.made or (time.time(), time.perf_counter())
+        made = self.made or client_clocks()
         loss, n, metrics = self.client().evaluate(parameters, config)
-        return loss, n, {**metrics, **client_timing(wall, started, self.stamps)}
+        return loss, n, {**metrics, **self.timing(made)}
+
+    def timing(self, made: tuple[float, ...]) -> dict[str, float]:
+        """The answer's timing metrics (fedapps/timing.py) from client_fn's clocks."""
+        return client_timing(made[0], made[1], self.stamps, *made[2:3])
 
 
 def client_state_dir(node: Mapping[str, Any], run_config: Mapping[str, Any], cfg,

@@ -10,6 +10,8 @@ counted (the simulation's Ray workers queue the messages anyway). Per message:
 - round trip: sent -> answer back, on the server's clock;
 - client: client_fn to the client's return (building the client, loading the model, training
   or evaluating), on the client's clock;
+- client CPU: the CPU seconds of that call's thread over the same span (time.thread_time), so
+  a slower client shows whether it computed more or waited for a core;
 - outside = round trip - client: transport, queues, polling and process start, free of any
   clock offset;
 - delivery = client start - sent, and reply = back - client end (serializing the answer
@@ -42,22 +44,32 @@ from typing import Any
 import numpy as np
 
 CLIENT_START, CLIENT_SECONDS = "client-start", "client-seconds"
+CLIENT_CPU = "client-cpu-seconds"
 TASK_TAKEN, INPUT_PULLED = "task-taken", "input-pulled"  # warm ClientApp's stamps (time.time())
 TASK_STAMPS = (TASK_TAKEN, INPUT_PULLED)
-TIMING_KEYS = frozenset((CLIENT_START, CLIENT_SECONDS, *TASK_STAMPS))
+TIMING_KEYS = frozenset((CLIENT_START, CLIENT_SECONDS, CLIENT_CPU, *TASK_STAMPS))
 SPLIT_PARTS = ("to_node", "pull", "start")  # the delivery's parts, from the stamps
-PARTS = ("round_trip", "client", "outside", "delivery", "reply", *SPLIT_PARTS)
+PARTS = ("round_trip", "client", "outside", "delivery", "reply", *SPLIT_PARTS, "client_cpu")
 # The warm ClientApp hands its stamps to client_fn in the node config under these keys, and
 # removes them before the context goes back to the SuperNode.
 NODE_STAMP_PREFIX = "fedapps-"
 
 
+def client_clocks() -> tuple[float, float, float]:
+    """What client_timing needs from the call's start: time.time(), perf_counter() and the
+    thread's CPU seconds."""
+    return time.time(), time.perf_counter(), time.thread_time()
+
+
 def client_timing(started_wall: float, started: float,
-                  stamps: Mapping[str, float] | None = None) -> dict[str, float]:
-    """The metrics a client adds to an answer: its call's start (time.time()) and length, and
-    the warm ClientApp's stamps of the task where it has them."""
+                  stamps: Mapping[str, float] | None = None,
+                  started_cpu: float | None = None) -> dict[str, float]:
+    """The metrics a client adds to an answer: its call's start (time.time()), length and, given
+    the thread's CPU seconds at its start, its CPU seconds; and the warm ClientApp's stamps of
+    the task where it has them."""
+    cpu = {} if started_cpu is None else {CLIENT_CPU: time.thread_time() - started_cpu}
     return {**(stamps or {}), CLIENT_START: started_wall,
-            CLIENT_SECONDS: time.perf_counter() - started}
+            CLIENT_SECONDS: time.perf_counter() - started, **cpu}
 
 
 def is_number(v: Any) -> bool:
@@ -73,8 +85,9 @@ def node_stamps(node_config: Mapping[str, Any]) -> dict[str, float]:
 
 def message_timing(sent: float, back: float, metrics: Mapping[str, Any]) -> list[float] | None:
     """One answer's seconds per part of PARTS, from the server's wall-clock `sent`/`back` and
-    the client's metrics (to_node, pull and start NaN without a warm ClientApp's stamps);
-    None when the client reported no timing (a client of older code, a test double)."""
+    the client's metrics (to_node, pull and start NaN without a warm ClientApp's stamps,
+    client_cpu NaN where the client did not measure it); None when the client reported no
+    timing (a client of older code, a test double)."""
     start, seconds = metrics.get(CLIENT_START), metrics.get(CLIENT_SECONDS)
     if not (is_number(start) and is_number(seconds)):
         return None
@@ -82,7 +95,9 @@ def message_timing(sent: float, back: float, metrics: Mapping[str, Any]) -> list
     taken, pulled = (metrics.get(k) for k in TASK_STAMPS)
     split = ([taken - sent, pulled - taken, start - pulled]
              if is_number(taken) and is_number(pulled) else [np.nan] * len(SPLIT_PARTS))
-    return [trip, seconds, trip - seconds, start - sent, back - (start + seconds), *split]
+    cpu = metrics.get(CLIENT_CPU)
+    return [trip, seconds, trip - seconds, start - sent, back - (start + seconds), *split,
+            float(cpu) if is_number(cpu) else np.nan]
 
 
 def summarize(timings: Sequence[Sequence[float]]) -> dict[str, float | int]:

@@ -145,6 +145,15 @@ class TreeSampler:
                         self.peak_app_pss = max(self.peak_app_pss, pss)
             time.sleep(self.period)
 
+    def clientapp_memory(self) -> dict[str, int | None]:
+        """The ClientApp processes seen and their peaks, in MB; the peaks None where no
+        ClientApp had a process of its own (a one-process node's is its node's process, whose
+        peak is the tree's), rather than a 0 that reads as a measured size."""
+        seen = bool(self.clientapp_pids)
+        return {"clientapp_processes": len(self.clientapp_pids),
+                "peak_clientapp_rss_mb": self.peak_app_rss // 1024 if seen else None,
+                "peak_clientapp_pss_mb": self.peak_app_pss // 1024 if seen else None}
+
 
 # Ray's workers name themselves `ray::<task>`; its services are raylet, gcs_server and
 # scripts under ray/_private
@@ -351,21 +360,27 @@ def cpu_table(report: dict, modes: list[str]) -> str:
     return "\n".join(lines)
 
 
+def cell(timing: dict, part: str) -> str:
+    """A part's median for a table, '-' where no answer measured it."""
+    return f"{timing[f'{part}_median']:.2f}" if f"{part}_median" in timing else "-"
+
+
 def timing_table(report: dict, modes: list[str]) -> str:
     """Where each mode's steady round went, as a Markdown table: per phase the slowest answer
-    and the medians of client, delivery and reply seconds, and of the delivery's parts where
-    a warm ClientApp stamped them (to node, pull, start; fedapps/timing.py)."""
-    rows = ["| mode | round (fit, eval) | phase | slowest | client | delivery | reply "
-            "| to node | pull | start |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    and the medians of client seconds and its thread's CPU seconds, delivery and reply, and
+    of the delivery's parts where a warm ClientApp stamped them (to node, pull, start;
+    fedapps/timing.py)."""
+    rows = ["| mode | round (fit, eval) | phase | slowest | client | client CPU | delivery "
+            "| reply | to node | pull | start |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for mode in modes:
         r = report.get(mode, {})
         for phase, t in r.get("timing", {}).items():
-            split_cells = " | ".join(f"{t[f'{part}_median']:.2f}" if f"{part}_median" in t
-                                     else "-" for part in SPLIT_PARTS)
+            split_cells = " | ".join(cell(t, part) for part in SPLIT_PARTS)
             rows.append(f"| {mode} | {r['steady_seconds']:.2f} ({r['fit_seconds']:.2f}, "
                         f"{r['eval_seconds']:.2f}) | {phase} | {t['round_trip_max']:.2f} | "
-                        f"{t['client_median']:.2f} | {t['delivery_median']:.2f} | "
+                        f"{t['client_median']:.2f} | {cell(t, 'client_cpu')} | "
+                        f"{t['delivery_median']:.2f} | "
                         f"{t['reply_median']:.2f} | {split_cells} |")
     return "\n".join(rows)
 
@@ -537,11 +552,9 @@ def main(argv: list[str] | None = None) -> int:
         report[name] = {"status": status, "wall_s": round(time.perf_counter() - t, 1),
                         "cpu_seconds": cpu.totals(),
                         "cpu_seconds_per_round": cpu.per_round(rounds.ends),
-                        "clientapp_processes": len(sampler.clientapp_pids),
+                        **sampler.clientapp_memory(),
                         "peak_tree_rss_mb": sampler.peak_tree_rss // 1024,
                         "peak_tree_pss_mb": sampler.peak_tree_pss // 1024,
-                        "peak_clientapp_rss_mb": sampler.peak_app_rss // 1024,
-                        "peak_clientapp_pss_mb": sampler.peak_app_pss // 1024,
                         "task_memory": task_memory(args.out / name / "logs"),
                         "task_cpu": task_cpu(args.out / name / "logs"),
                         **round_stats(args.out / name)}

@@ -126,6 +126,11 @@ def test_deployment_gives_the_simulation_numbers(tmp_path, monkeypatch):
             for part, least in (("to_node", 1e-3), ("pull", 1e-3), ("start", 0)):
                 assert least <= t[phase][f"{part}_median"] <= t[phase]["delivery_max"], (part, t)
         assert "to_node_median" not in a["timing"]["fit"]  # the simulation has no such split
+        # both measure the client's own CPU alike (one thread runs client_fn and the call)
+        for run in (a, b):
+            for phase in ("fit", "evaluate"):
+                assert 0 < run["timing"][phase]["client_cpu_median"] \
+                    <= run["timing"][phase]["client_max"], (phase, run["timing"])
     # the processes' logs stay in the run directory, the working folder (each node's FAB) goes;
     # each warm ClientApp logged its tasks' memory: the handshake, then a fit and an
     # evaluation a round (simulations/deploy_benchmark.py reads the lines)

@@ -87,3 +87,48 @@ def test_cpu_a_steady_round_runs_from_the_first_rounds_end_to_the_last():
     rounds.ends = {1: 0.5, 3: 2.5}
     assert sampler.per_round(rounds.ends) == {"clientapp": 4.0, "superlink": 1.0}
     assert sampler.per_round({1: 0.5}) == {}
+
+
+def test_memory_of_clientapps_is_measured_only_where_they_have_processes(tmp_path):
+    """A one-process node's ClientApp has no process of its own: the benchmark reports its
+    peaks as None (the tree's peak is the node's), not as a 0 that reads as measured; a
+    ClientApp process beside its node is found below it and measured."""
+    import threading
+    from types import SimpleNamespace
+
+    from simulations.deploy_benchmark import TreeSampler
+
+    holds = "import time\nx = bytearray(64 << 20)\nx[::4096] = b'1' * len(x[::4096])\n" \
+            "time.sleep(30)\n"
+    app = tmp_path / "fedapps.warm_clientapp"  # the path carries a ClientApp's marker
+    app.write_text(holds)
+    node = tmp_path / "one_process_node"
+    node.write_text(f"import subprocess, sys, time\nsubprocess.Popen([sys.executable, "
+                    f"{str(app)!r}])\ntime.sleep(30)\n")
+    found = {}
+    for name, script in (("one process", "import time; time.sleep(30)"), ("beside", None)):
+        cmd = [sys.executable, "-c", script] if script else [sys.executable, str(node)]
+        proc = subprocess.Popen(cmd)
+        sampler = TreeSampler(period=0.1)
+        thread = threading.Thread(target=sampler, args=([SimpleNamespace(process=proc)],))
+        thread.start()
+        try:
+            if script:
+                time.sleep(1.0)  # ten samples of the lone node
+            deadline = time.time() + 20
+            while not script and sampler.peak_app_rss < 64 << 10 and time.time() < deadline:
+                time.sleep(0.1)
+        finally:
+            sampler.stop.set()
+            thread.join()
+            subprocess.run(["pkill", "-f", str(app)], check=False)
+            proc.kill()
+            proc.wait()
+        found[name] = sampler.clientapp_memory()
+        assert sampler.peak_tree_rss > 0
+    assert found["one process"] == {"clientapp_processes": 0, "peak_clientapp_rss_mb": None,
+                                    "peak_clientapp_pss_mb": None}
+    beside = found["beside"]
+    assert beside["clientapp_processes"] == 1
+    assert 64 <= beside["peak_clientapp_rss_mb"] < 200  # its 64 MB, touched, and Python's own
+    assert 0 < beside["peak_clientapp_pss_mb"] <= beside["peak_clientapp_rss_mb"]

@@ -88,7 +88,10 @@ def test_simulation_writes_the_results_contract(first_run):
         for t in (fit, ev):
             assert 0 < t["client_max"] <= t["round_trip_max"]
             assert t["outside_median"] >= 0 and t["delivery_median"] >= 0
-        assert not any("client-seconds" in m for m in r["client_fit_metrics"].values())
+            # the client's thread's CPU: some, never more than the client's own wall-clock
+            assert 0 < t["client_cpu_median"] <= t["client_median"]
+        assert not any("client-seconds" in m or "client-cpu-seconds" in m
+                       for m in r["client_fit_metrics"].values())
     s = doc["summary"]
     assert all(k in s for k in SUMMARY) and s["status"] == "completed"
     assert s["final_global_accuracy"] > 0.3  # chance is 0.1; 3 rounds of FedAvg on digits

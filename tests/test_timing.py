@@ -1,6 +1,7 @@
 """Where a message's time goes (fedapps/timing.py): the client's report, the server's split,
 and a step through Flower's own fit loop with known delays on either side of the client."""
 
+import threading
 import time
 
 import numpy as np
@@ -10,11 +11,13 @@ from flwr.server.server import fit_clients
 
 from fedapps.client_app import DeferredClient
 from fedapps.timing import (
+    CLIENT_CPU,
     CLIENT_SECONDS,
     CLIENT_START,
     INPUT_PULLED,
     NODE_STAMP_PREFIX,
     TASK_TAKEN,
+    client_clocks,
     message_timing,
     node_stamps,
     summarize,
@@ -31,16 +34,18 @@ def test_a_message_is_split_by_the_clients_report():
     # sent at 100, client ran 100.5-102.5, answer back at 103
     t = message_timing(100.0, 103.0, {CLIENT_START: 100.5, CLIENT_SECONDS: 2.0})
     assert t[:5] == pytest.approx([3.0, 2.0, 1.0, 0.5, 0.5])  # trip, client, outside, there, back
-    assert np.isnan(t[5:]).all()  # no warm ClientApp stamps: the delivery is not split
+    assert np.isnan(t[5:]).all()  # no warm ClientApp stamps: the delivery is not split; no CPU
 
 
 def test_a_warm_clientapps_stamps_split_the_delivery():
     # sent at 100, taken by the node's ClientApp at 100.25, pulled by 100.375, client_fn 100.5
     t = message_timing(100.0, 103.0, {CLIENT_START: 100.5, CLIENT_SECONDS: 2.0,
-                                      TASK_TAKEN: 100.25, INPUT_PULLED: 100.375})
-    assert t == pytest.approx([3.0, 2.0, 1.0, 0.5, 0.5, 0.25, 0.125, 0.125])
+                                      TASK_TAKEN: 100.25, INPUT_PULLED: 100.375,
+                                      CLIENT_CPU: 1.5})
+    assert t == pytest.approx([3.0, 2.0, 1.0, 0.5, 0.5, 0.25, 0.125, 0.125, 1.5])
     s = summarize([t, message_timing(100.0, 103.0, {CLIENT_START: 100.5, CLIENT_SECONDS: 2.0})])
     assert (s["to_node_median"], s["pull_max"], s["start_max"]) == (0.25, 0.125, 0.125)
+    assert s["client_cpu_median"] == 1.5  # over the answer that measured it
     assert s["delivery_median"] == 0.5 and s["messages"] == 2  # unsplit answers still count
     assert s["split_messages"] == 1  # the split's medians are over the stamped answer only
     assert "split_messages" not in summarize([t[:5]])
@@ -88,13 +93,44 @@ class SlowClient:
 
 
 def test_the_client_reports_from_client_fn_to_its_answer():
-    made = time.time(), time.perf_counter()
+    made = client_clocks()
     time.sleep(0.2)  # client_fn's own work counts too
     client = DeferredClient(0, None, SlowClient, made)
     for _, n, metrics in (client.fit(INIT, {}), client.evaluate(INIT, {})):
         assert n == 7 and metrics[CLIENT_START] == made[0]
         assert metrics[CLIENT_SECONDS] >= 0.3  # 0.2 before the call, 0.1 in it
+        assert 0 <= metrics[CLIENT_CPU] < 0.1  # asleep: the thread computed almost nothing
     assert metrics["correct-global"] == 3
+
+
+class BusyClient(SlowClient):
+    def fit(self, parameters, config):
+        end = time.thread_time() + 0.3
+        while time.thread_time() < end:  # 0.3 s of this thread's CPU, however long it takes
+            pass
+        return parameters, 7, {}
+
+
+def test_the_client_reports_its_threads_cpu_not_other_threads():
+    """client_cpu counts the call's own thread: another thread's spinning meanwhile is not the
+    client's, as a warm ClientApp's other tasks in the same process are not."""
+    stop = threading.Event()
+
+    def spin():
+        while not stop.is_set():
+            pass
+
+    spinner = threading.Thread(target=spin)
+    spinner.start()
+    try:
+        _, _, metrics = DeferredClient(0, None, BusyClient, client_clocks()).fit(INIT, {})
+    finally:
+        stop.set()
+        spinner.join()
+    assert 0.3 <= metrics[CLIENT_CPU] < 0.45
+    assert metrics[CLIENT_SECONDS] >= metrics[CLIENT_CPU]
+    assert DeferredClient(0, None, BusyClient, (1.0, 2.0)).fit(INIT, {})[2].keys() \
+        .isdisjoint({CLIENT_CPU})  # clocks without the CPU's: no CPU reported
 
 
 class TransitProxy(Proxy):
@@ -152,15 +188,16 @@ def test_the_benchmark_reports_the_steady_rounds_median_split(tmp_path):
     assert stats["timing"]["fit"]["round_trip_max"] == 7.0  # median of 6, 8, 7; not round 1
     assert stats["timing"]["fit"]["delivery_median"] == 2.0
     table = timing_table({"deploy_warm": stats}, ["deploy_warm"]).splitlines()
-    assert table[2] == ("| deploy_warm | 8.00 (7.00, 1.00) | fit | 7.00 | 1.00 | 2.00 | 0.50 "
-                        "| - | - | - |")
+    assert table[2] == ("| deploy_warm | 8.00 (7.00, 1.00) | fit | 7.00 | 1.00 | - | 2.00 "
+                        "| 0.50 | - | - | - |")
     # a warm ClientApp's split of the delivery, in every steady round, gets its columns
     for r in rounds[1:]:
-        r["timing"]["fit"].update(to_node_median=1.5, pull_median=0.25, start_median=0.125)
+        r["timing"]["fit"].update(to_node_median=1.5, pull_median=0.25, start_median=0.125,
+                                  client_cpu_median=0.75)
     rounds[2]["timing"]["fit"].pop("start_median")  # not in every steady round: left out
     (tmp_path / "results.json").write_text(json.dumps({"rounds": rounds}))
     row = timing_table({"w": round_stats(tmp_path)}, ["w"]).splitlines()[2]
-    assert row.endswith("| 2.00 | 0.50 | 1.50 | 0.25 | - |")
+    assert row.endswith("| 1.00 | 0.75 | 2.00 | 0.50 | 1.50 | 0.25 | - |")
 
 
 def test_the_benchmark_draws_a_median_messages_way(tmp_path):
