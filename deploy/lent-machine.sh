@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Issue 18's measurement on a borrowed many-core machine that has no package registry
-# (docs/PERFORMANCE.md, "On a 16-core machine"): the simulated round against the held-pull,
-# quick-pull and warm deployed rounds of the FMNIST preset (20 SuperNodes, 5 training and 5
-# evaluating a round, one thread per client), in that order (the last one measured there before),
-# in one call whose parts each run under their own time limit, so a part that stalls cannot take
+# (docs/PERFORMANCE.md, "On a 16-core machine"): the simulated round against the one-process,
+# held-pull, quick-pull and warm deployed rounds of the FMNIST preset (20 SuperNodes, 5 training
+# and 5 evaluating a round, one thread per client), in that order (the last one measured there
+# before), in one call whose parts each run under their own time limit, so a part that stalls cannot take
 # the others' time and what finished is kept.
 #
 #   bash deploy/lent-machine.sh pack DIR   # here: DIR/site.tar.xz (deploy/offline-site.sh, 28 MB)
@@ -78,7 +78,7 @@ run)
   done > "$OUT/raylogs.txt" 2>/dev/null
   leftovers
   timeout -k 5 "$DEP_S" python3 -m simulations.deploy_benchmark --out /tmp/lent-deploy \
-    --modes deploy_held,deploy_one,deploy_quick,deploy_warm --progress "${sets[@]}" > "$OUT/deploy.log" 2>&1
+    --modes deploy_one,deploy_held,deploy_quick,deploy_warm --progress "${sets[@]}" > "$OUT/deploy.log" 2>&1
   echo "deployments: exit $? at $((SECONDS - t0)) s"
   cp /tmp/lent-deploy/deploy_benchmark.json "$OUT/deploy.json" 2>/dev/null
   cp /tmp/lent-deploy/message_timing.png "$OUT/" 2>/dev/null
