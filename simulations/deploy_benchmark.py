@@ -25,6 +25,9 @@ peak RSS after each stage (and whether the fit imported torch._dynamo), then wha
 warm ClientApp's Flower runtime adds; `--python` runs that probe under another environment's
 interpreter (the lean node install of deploy/README.md). `--progress` prints each run's
 progress lines (rounds, the clients a round waits for), which are quiet otherwise.
+`--repeat N` runs the modes N times in turn (OUT/repeat-1, ...) and reports each deployed
+round's ratio to the simulated round of the same repeat and the ratios' median
+(OUT/repeats.json and a table): on a machine whose speed drifts, one pair of runs is one draw.
 
     FEDAPPS_DATA_ROOT=../shared/data python -m simulations.deploy_benchmark --out DIR
 """
@@ -502,6 +505,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--compute-slots", type=int, default=machine_cores(),
                    help="the warm modes' compute slots, as `deploy-local --compute-slots` "
                         "(default: this machine's cores, as deploy-local; 0: all at once)")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="run the modes this many times in turn (into OUT/repeat-i), and report "
+                        "each deployed round's ratio to the same repeat's simulated round and "
+                        "the ratios' median (OUT/repeats.json; default 1: once, into OUT)")
     p.add_argument("--probe-only", action="store_true",
                    help="only the fresh-interpreter probe (runs with the fedapps on PYTHONPATH)")
     p.add_argument("--progress", action="store_true",
@@ -511,6 +518,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="interpreter of the probe: another environment's (e.g. a CPU-only "
                         "torch edge install, deploy/README.md) to measure its footprint")
     args = p.parse_args(argv)
+    if args.repeat < 1:
+        p.error(f"--repeat: {args.repeat}, must be at least 1")
     modes = args.modes.split(",")
     unknown = [m for m in modes if m != "simulation" and m not in DEPLOY_MODES]
     if unknown:
@@ -527,17 +536,41 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(report["startup_probe"]))
         return 0
     save_partial(report, args.out, "startup_probe")
+    if args.repeat == 1:
+        run_modes(args, modes, sets, n, args.out, show, report)
+        return print_report(report, modes, args.out)
+    reports, ok = [], True
+    for i in range(1, args.repeat + 1):  # the modes in turn, again: drift reaches each alike
+        out = args.out / f"repeat-{i}"
+        out.mkdir(parents=True, exist_ok=True)
+        reports.append(run_modes(args, modes, sets, n, out, show, dict(report)))
+        summary = repeat_summary(reports, modes)
+        (args.out / "repeats.json").write_text(json.dumps(summary, indent=1))
+    for i, r in enumerate(reports, 1):
+        print(f"== repeat {i} ({args.out / f'repeat-{i}'})")
+        ok = print_report(r, modes, args.out / f"repeat-{i}") == 0 and ok
+    print(repeat_table(summary, modes))
+    accuracies = [r[m]["global_accuracy"] for r in reports for m in modes]
+    same = all(a == accuracies[0] for a in accuracies)
+    print(f"same accuracies in every repeat: {same}")
+    return 0 if ok and same else 1
+
+
+def run_modes(args: argparse.Namespace, modes: list[str], sets: list[str], n: int, out: Path,
+              show: Callable[[str], bool], report: dict) -> dict:
+    """Run each of `modes` once into `out`, adding each one's measures to `report` (saved to
+    out/deploy_benchmark.json as each ends); returns `report`."""
     if "simulation" in modes:
         cpu = CpuSampler()
         cpu.start()
         t = time.perf_counter()
         rounds = RoundEnds(show)
-        status = run_experiment(args.experiment, sets, n, args.out / "simulation", show=rounds)
+        status = run_experiment(args.experiment, sets, n, out / "simulation", show=rounds)
         report["simulation"] = {"status": status, "wall_s": round(time.perf_counter() - t, 1),
                                 "cpu_seconds": cpu.totals(),
                                 "cpu_seconds_per_round": cpu.per_round(rounds.ends),
-                                **round_stats(args.out / "simulation")}
-        save_partial(report, args.out, "simulation")
+                                **round_stats(out / "simulation")}
+        save_partial(report, out, "simulation")
     for name in [m for m in modes if m in DEPLOY_MODES]:
         sampler, cpu = TreeSampler(), CpuSampler()
         cpu.start()
@@ -546,8 +579,8 @@ def main(argv: list[str] | None = None) -> int:
                              set(inspect.signature(run_federation).parameters),
                              args.compute_slots)
         rounds = RoundEnds(show)
-        status = run_federation(args.experiment, sets, n, args.out / name, show=rounds,
-                                state_root=args.out / f"{name}-state", during=sampler, **mode)
+        status = run_federation(args.experiment, sets, n, out / name, show=rounds,
+                                state_root=out / f"{name}-state", during=sampler, **mode)
         sampler.stop.set()
         report[name] = {"status": status, "wall_s": round(time.perf_counter() - t, 1),
                         "cpu_seconds": cpu.totals(),
@@ -555,22 +588,70 @@ def main(argv: list[str] | None = None) -> int:
                         **sampler.clientapp_memory(),
                         "peak_tree_rss_mb": sampler.peak_tree_rss // 1024,
                         "peak_tree_pss_mb": sampler.peak_tree_pss // 1024,
-                        "task_memory": task_memory(args.out / name / "logs"),
-                        "task_cpu": task_cpu(args.out / name / "logs"),
-                        **round_stats(args.out / name)}
-        save_partial(report, args.out, name)
+                        "task_memory": task_memory(out / name / "logs"),
+                        "task_cpu": task_cpu(out / name / "logs"),
+                        **round_stats(out / name)}
+        save_partial(report, out, name)
+    return report
+
+
+def print_report(report: dict, modes: list[str], out: Path) -> int:
+    """Print one invocation's (or repeat's) report and tables, draw its plot; 0 if every mode
+    reached the same accuracies."""
     print(json.dumps(report, indent=1))
     print(timing_table(report, modes))
     print(cpu_table(report, modes))
     print(memory_table(report, modes))
     print(task_cpu_table(report, modes))
-    plot = plot_message_segments(report, modes, args.out / "message_timing.png")
+    plot = plot_message_segments(report, modes, out / "message_timing.png")
     if plot is not None:
         print(f"plot: {plot}")
     accuracies = [report[m]["global_accuracy"] for m in modes]
     same = all(a == accuracies[0] for a in accuracies)
     print(f"same accuracies in every run: {same}")
     return 0 if same else 1
+
+
+def repeat_summary(reports: list[dict], modes: list[str]) -> dict:
+    """Each mode's steady round per repeat and, where the repeats ran the simulation, each
+    deployed mode's ratio to the simulated round of the same repeat, with the ratios' median:
+    what a goal like "within 1.2x of the simulated round" is judged by on a noisy machine."""
+    rounds = {m: [r.get(m, {}).get("steady_seconds") for r in reports] for m in modes}
+    summary: dict = {"repeats": len(reports), "steady_seconds": rounds}
+    if "simulation" in modes:  # a run that did not finish a round has no ratio (None)
+        ratios = {m: [round(d / s, 3) if d and s else None
+                      for d, s in zip(rounds[m], rounds["simulation"], strict=True)]
+                  for m in modes if m != "simulation"}
+        summary["ratio_to_simulation"] = ratios
+        summary["median_ratio"] = {m: median_of(v, 3) for m, v in ratios.items()}
+    return summary
+
+
+def median_of(values: list[float | None], digits: int) -> float | None:
+    """The median of the values that are there, rounded; None if none is."""
+    present = [v for v in values if v is not None]
+    return round(statistics.median(present), digits) if present else None
+
+
+def seconds_and_ratio(seconds: float | None, ratio: float | None) -> str:
+    """A table cell: a steady round and, where there is one, its ratio to the simulated."""
+    cell = "-" if seconds is None else f"{seconds:.2f} s"
+    return cell + ("" if ratio is None else f" ({ratio:.2f}x)")
+
+
+def repeat_table(summary: dict, modes: list[str]) -> str:
+    """repeat_summary as a Markdown table: a row per repeat, a steady round (and its ratio to
+    the simulated one) per mode, then the median."""
+    ratios, rounds = summary.get("ratio_to_simulation", {}), summary["steady_seconds"]
+    rows = ["| repeat | " + " | ".join(modes) + " |", "| --- |" + " --- |" * len(modes)]
+    for i in range(summary["repeats"]):
+        cells = [seconds_and_ratio(rounds[m][i], ratios[m][i] if m in ratios else None)
+                 for m in modes]
+        rows.append(f"| {i + 1} | " + " | ".join(cells) + " |")
+    medians = [seconds_and_ratio(median_of(rounds[m], 2), summary.get("median_ratio", {})
+                                 .get(m)) for m in modes]
+    rows.append("| median | " + " | ".join(medians) + " |")
+    return "\n".join(rows)
 
 
 if __name__ == "__main__":

@@ -276,3 +276,60 @@ def test_the_benchmark_shows_progress_lines_only_when_asked(tmp_path, monkeypatc
         with pytest.raises(Stop):
             bench.main(["--modes", "simulation", "--out", str(tmp_path), *flags])
     assert shown == [True, False]
+
+
+def test_the_benchmark_repeats_the_modes_in_turn_and_reports_each_repeats_ratio(tmp_path,
+                                                                               monkeypatch,
+                                                                               capsys):
+    """--repeat N runs simulation and deployment N times in turn, each into its own folder,
+    and judges each deployed round against the simulated round of the same repeat: the
+    ratios 5.0/4.0 = 1.25 and 5.5/5.0 = 1.1, median 1.175 (not 10.5/9.0 = 1.167 of the
+    pooled rounds); a repeat whose deployment finished no round has no ratio."""
+    import json
+
+    import simulations.deploy_benchmark as bench
+
+    steady = {("simulation", 1): 4.0, ("deploy_one", 1): 5.0, ("simulation", 2): 5.0,
+              ("deploy_one", 2): 5.5, ("simulation", 3): 4.0, ("deploy_one", 3): None}
+    calls = []
+
+    def results(run_dir, mode):
+        repeat = int(run_dir.parent.name.split("-")[1])
+        calls.append((mode, repeat))
+        seconds = steady[(mode, repeat)]
+        rounds = [] if seconds is None else [
+            {"round": i, "seconds": seconds if i > 1 else 30.0, "fit_seconds": 1.0,
+             "eval_seconds": 1.0, "bytes_down": 1, "bytes_up": 1, "bytes_down_eval": 1,
+             "global_accuracy": 0.5} for i in (1, 2, 3)]
+        run_dir.mkdir(parents=True)
+        (run_dir / "results.json").write_text(json.dumps({"rounds": rounds}))
+        return "finished:completed"
+
+    monkeypatch.setattr(bench, "startup_probe", lambda *a: {"imports_s": 1.0, "fit_s": 1.0})
+    monkeypatch.setattr(bench, "run_experiment",
+                        lambda experiment, sets, n, run_dir, show: results(run_dir,
+                                                                           "simulation"))
+    monkeypatch.setattr(bench, "run_federation",
+                        lambda experiment, sets, n, run_dir, **kw: results(run_dir,
+                                                                           "deploy_one"))
+    with pytest.raises(SystemExit):
+        bench.main(["--repeat", "0", "--out", str(tmp_path)])
+    assert "--repeat: 0, must be at least 1" in capsys.readouterr().err
+    code = bench.main(["--modes", "simulation,deploy_one", "--repeat", "3",
+                       "--out", str(tmp_path)])
+    assert code == 1  # repeat 3's deployment has no accuracies to match
+    assert calls == [("simulation", 1), ("deploy_one", 1), ("simulation", 2),
+                     ("deploy_one", 2), ("simulation", 3), ("deploy_one", 3)]  # in turn
+    summary = json.loads((tmp_path / "repeats.json").read_text())
+    assert summary["steady_seconds"] == {"simulation": [4.0, 5.0, 4.0],
+                                         "deploy_one": [5.0, 5.5, None]}
+    assert summary["ratio_to_simulation"] == {"deploy_one": [1.25, 1.1, None]}
+    assert summary["median_ratio"] == {"deploy_one": 1.175}
+    for i in (1, 2, 3):  # each repeat keeps its own report and runs
+        report = json.loads((tmp_path / f"repeat-{i}" / "deploy_benchmark.json").read_text())
+        assert report["simulation"]["steady_seconds"] == steady[("simulation", i)]
+    table = capsys.readouterr().out.split("| repeat |")[-1].splitlines()
+    assert table[0] == " simulation | deploy_one |"
+    assert table[2:] == ["| 1 | 4.00 s | 5.00 s (1.25x) |", "| 2 | 5.00 s | 5.50 s (1.10x) |",
+                         "| 3 | 4.00 s | - |", "| median | 4.00 s | 5.25 s (1.18x) |",
+                         "same accuracies in every repeat: False"]
