@@ -7,7 +7,7 @@ Data is loaded and partitioned once per process and kept in memory.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -69,12 +69,10 @@ class DeferredClient(NumPyClient):
     nodes was most of the start-up (docs/PERFORMANCE.md, "Large federations")."""
 
     def __init__(self, partition_id: int, data: Any, build: Callable[[], NumPyClient],
-                 made: tuple[float, ...] | None = None,
+                 made: Sequence[float] | None = None,
                  stamps: Mapping[str, float] | None = None) -> None:
         self.partition_id, self.data, self.build = partition_id, data, build
-        # client_clocks() when client_fn began, for timing: (time.time(), perf_counter()
-        # [, thread CPU seconds])
-        self.made = made
+        self.made = made  # client_clocks() when client_fn began, for timing
         self.stamps = stamps  # a warm ClientApp's stamps of the task (fedapps/timing.py)
         self.built: NumPyClient | None = None
 
@@ -94,16 +92,12 @@ class DeferredClient(NumPyClient):
         how long it took: the server splits each message's time with it (fedapps/timing.py)."""
         made = self.made or client_clocks()
         arrays, n, metrics = self.client().fit(parameters, config)
-        return arrays, n, {**metrics, **self.timing(made)}
+        return arrays, n, {**metrics, **client_timing(made, self.stamps)}
 
     def evaluate(self, parameters: Any, config: dict[str, Any]) -> Any:
         made = self.made or client_clocks()
         loss, n, metrics = self.client().evaluate(parameters, config)
-        return loss, n, {**metrics, **self.timing(made)}
-
-    def timing(self, made: tuple[float, ...]) -> dict[str, float]:
-        """The answer's timing metrics (fedapps/timing.py) from client_fn's clocks."""
-        return client_timing(made[0], made[1], self.stamps, *made[2:3])
+        return loss, n, {**metrics, **client_timing(made, self.stamps)}
 
 
 def client_state_dir(node: Mapping[str, Any], run_config: Mapping[str, Any], cfg,

@@ -56,20 +56,20 @@ NODE_STAMP_PREFIX = "fedapps-"
 
 
 def client_clocks() -> tuple[float, float, float]:
-    """What client_timing needs from the call's start: time.time(), perf_counter() and the
-    thread's CPU seconds."""
+    """The clocks at a client call's start, for client_timing: time.time(), perf_counter() and
+    the thread's CPU seconds."""
     return time.time(), time.perf_counter(), time.thread_time()
 
 
-def client_timing(started_wall: float, started: float,
-                  stamps: Mapping[str, float] | None = None,
-                  started_cpu: float | None = None) -> dict[str, float]:
-    """The metrics a client adds to an answer: its call's start (time.time()), length and, given
-    the thread's CPU seconds at its start, its CPU seconds; and the warm ClientApp's stamps of
-    the task where it has them."""
-    cpu = {} if started_cpu is None else {CLIENT_CPU: time.thread_time() - started_cpu}
-    return {**(stamps or {}), CLIENT_START: started_wall,
-            CLIENT_SECONDS: time.perf_counter() - started, **cpu}
+def client_timing(clocks: Sequence[float],
+                  stamps: Mapping[str, float] | None = None) -> dict[str, float]:
+    """The metrics a client adds to an answer, from `clocks` at its call's start
+    (client_clocks(); without the third, the CPU seconds are not reported): its start
+    (time.time()), length and CPU seconds, and the warm ClientApp's stamps of the task where
+    it has them."""
+    cpu = {CLIENT_CPU: time.thread_time() - clocks[2]} if len(clocks) > 2 else {}
+    return {**(stamps or {}), CLIENT_START: clocks[0],
+            CLIENT_SECONDS: time.perf_counter() - clocks[1], **cpu}
 
 
 def is_number(v: Any) -> bool:

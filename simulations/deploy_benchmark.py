@@ -311,8 +311,7 @@ def task_cpu(log_dir: Path) -> dict[str, dict[str, float]]:
     ran and the median CPU seconds, kernel CPU seconds and minor page faults of one, and the
     median CPU seconds of its own thread (None where the lines predate them)."""
     def median(values: list[str | None], convert: type = float) -> float | None:
-        present = [convert(v) for v in values if v is not None]
-        return round(statistics.median(present), 3) if present else None
+        return median_of([None if v is None else convert(v) for v in values], 3)
 
     return {kind: {"tasks": len(found), "cpu_s": median([v[0] for v in found]),
                    "kernel_s": median([v[1] for v in found]),
@@ -520,6 +519,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.repeat < 1:
         p.error(f"--repeat: {args.repeat}, must be at least 1")
+    if args.compute_slots < 0:
+        p.error(f"--compute-slots: {args.compute_slots}, must be 0 (all at once) or more")
     modes = args.modes.split(",")
     unknown = [m for m in modes if m != "simulation" and m not in DEPLOY_MODES]
     if unknown:

@@ -315,6 +315,9 @@ def test_the_benchmark_repeats_the_modes_in_turn_and_reports_each_repeats_ratio(
     with pytest.raises(SystemExit):
         bench.main(["--repeat", "0", "--out", str(tmp_path)])
     assert "--repeat: 0, must be at least 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # before any run, not deep inside the first deployment
+        bench.main(["--compute-slots", "-1", "--out", str(tmp_path)])
+    assert "--compute-slots: -1, must be 0 (all at once) or more" in capsys.readouterr().err
     code = bench.main(["--modes", "simulation,deploy_one", "--repeat", "3",
                        "--out", str(tmp_path)])
     assert code == 1  # repeat 3's deployment has no accuracies to match
