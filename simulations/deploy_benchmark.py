@@ -28,6 +28,10 @@ progress lines (rounds, the clients a round waits for), which are quiet otherwis
 `--repeat N` runs the modes N times in turn (OUT/repeat-1, ...) and reports each deployed
 round's ratio to the simulated round of the same repeat and the ratios' median
 (OUT/repeats.json and a table): on a machine whose speed drifts, one pair of runs is one draw.
+`--cpus N` with `--compute-slots N` trains N clients at once in every mode (the simulation's
+Ray gets N CPUs), leaving the machine's other cores to Flower's own processes: on a 2-core
+machine, `--cpus 1 --compute-slots 1` separates what the deployment's messaging costs from
+what its processes take from the training when every core trains.
 
     FEDAPPS_DATA_ROOT=../shared/data python -m simulations.deploy_benchmark --out DIR
 """
@@ -504,6 +508,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--compute-slots", type=int, default=machine_cores(),
                    help="the warm modes' compute slots, as `deploy-local --compute-slots` "
                         "(default: this machine's cores, as deploy-local; 0: all at once)")
+    p.add_argument("--cpus", type=int, default=None, metavar="N",
+                   help="the simulation's Ray CPUs, as `fedapps run --cpus` (default: all): "
+                        "with --compute-slots N, N clients train at once in every mode and "
+                        "the other cores are left to Flower's own processes")
     p.add_argument("--repeat", type=int, default=1,
                    help="run the modes this many times in turn (into OUT/repeat-i), and report "
                         "each deployed round's ratio to the same repeat's simulated round and "
@@ -521,6 +529,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--repeat: {args.repeat}, must be at least 1")
     if args.compute_slots < 0:
         p.error(f"--compute-slots: {args.compute_slots}, must be 0 (all at once) or more")
+    if args.cpus is not None and args.cpus < 1:
+        p.error(f"--cpus: {args.cpus}, must be at least 1")
     modes = args.modes.split(",")
     unknown = [m for m in modes if m != "simulation" and m not in DEPLOY_MODES]
     if unknown:
@@ -531,7 +541,8 @@ def main(argv: list[str] | None = None) -> int:
                  20))
     args.out.mkdir(parents=True, exist_ok=True)
     show = default_filter if args.progress else lambda line: False
-    report: dict = {"experiment": args.experiment, "overrides": sets, "clients": n}
+    report: dict = {"experiment": args.experiment, "overrides": sets, "clients": n,
+                    "simulation_cpus": args.cpus, "compute_slots": args.compute_slots}
     report["startup_probe"] = startup_probe(args.experiment, sets, args.python)
     if args.probe_only:
         print(json.dumps(report["startup_probe"]))
@@ -566,7 +577,8 @@ def run_modes(args: argparse.Namespace, modes: list[str], sets: list[str], n: in
         cpu.start()
         t = time.perf_counter()
         rounds = RoundEnds(show)
-        status = run_experiment(args.experiment, sets, n, out / "simulation", show=rounds)
+        status = run_experiment(args.experiment, sets, n, out / "simulation", show=rounds,
+                                total_cpus=args.cpus)
         report["simulation"] = {"status": status, "wall_s": round(time.perf_counter() - t, 1),
                                 "cpu_seconds": cpu.totals(),
                                 "cpu_seconds_per_round": cpu.per_round(rounds.ends),

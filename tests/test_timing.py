@@ -266,7 +266,7 @@ def test_the_benchmark_shows_progress_lines_only_when_asked(tmp_path, monkeypatc
     class Stop(Exception):
         """Ends main before the tables: only the filter is under test."""
 
-    def fake_run(experiment, sets, n, run_dir, show):
+    def fake_run(experiment, sets, n, run_dir, show, total_cpus=None):
         shown.append(show("INFO :      [fedapps] round 2/8  G 85.42%"))
         raise Stop
 
@@ -307,8 +307,8 @@ def test_the_benchmark_repeats_the_modes_in_turn_and_reports_each_repeats_ratio(
 
     monkeypatch.setattr(bench, "startup_probe", lambda *a: {"imports_s": 1.0, "fit_s": 1.0})
     monkeypatch.setattr(bench, "run_experiment",
-                        lambda experiment, sets, n, run_dir, show: results(run_dir,
-                                                                           "simulation"))
+                        lambda experiment, sets, n, run_dir, show, **kw: results(run_dir,
+                                                                                 "simulation"))
     monkeypatch.setattr(bench, "run_federation",
                         lambda experiment, sets, n, run_dir, **kw: results(run_dir,
                                                                            "deploy_one"))
@@ -336,3 +336,43 @@ def test_the_benchmark_repeats_the_modes_in_turn_and_reports_each_repeats_ratio(
     assert table[2:] == ["| 1 | 4.00 s | 5.00 s (1.25x) |", "| 2 | 5.00 s | 5.50 s (1.10x) |",
                          "| 3 | 4.00 s | - |", "| median | 4.00 s | 5.25 s (1.18x) |",
                          "same accuracies in every repeat: False"]
+
+
+def test_the_benchmark_can_train_as_many_clients_at_once_in_every_mode(tmp_path, monkeypatch,
+                                                                      capsys):
+    """--cpus N caps the simulation's Ray at N CPUs (N clients at once, as `fedapps run
+    --cpus`) and --compute-slots N lets N deployed ClientApps compute at once: the same
+    training in every mode, with the other cores left to Flower's own processes; both are in
+    the report, and a --cpus below 1 is refused before any run."""
+    import json
+
+    import simulations.deploy_benchmark as bench
+
+    seen = {}
+
+    class Stop(Exception):
+        """Ends main at the run: the arguments it gets are what is under test."""
+
+    def fake_simulation(experiment, sets, n, run_dir, show, total_cpus=None):
+        seen["simulation_cpus"] = total_cpus
+        raise Stop
+
+    def fake_deployment(experiment, sets, n, run_dir, show, state_root, during, warm=True,
+                        pull_interval=None, link_hold=None, one_process=False,
+                        compute_slots=None):  # run_federation's keywords, read by the benchmark
+        seen["compute_slots"] = compute_slots
+        raise Stop
+
+    monkeypatch.setattr(bench, "startup_probe", lambda *a: {"imports_s": 1.0, "fit_s": 1.0})
+    monkeypatch.setattr(bench, "run_experiment", fake_simulation)
+    monkeypatch.setattr(bench, "run_federation", fake_deployment)
+    with pytest.raises(SystemExit):
+        bench.main(["--cpus", "0", "--out", str(tmp_path)])
+    assert "--cpus: 0, must be at least 1" in capsys.readouterr().err
+    for mode in ("simulation", "deploy_one"):
+        with pytest.raises(Stop):
+            bench.main(["--modes", mode, "--cpus", "1", "--compute-slots", "1",
+                        "--out", str(tmp_path)])
+    assert seen == {"simulation_cpus": 1, "compute_slots": 1}
+    report = json.loads((tmp_path / "deploy_benchmark.json").read_text())
+    assert (report["simulation_cpus"], report["compute_slots"]) == (1, 1)
