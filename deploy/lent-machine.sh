@@ -3,8 +3,8 @@
 # (docs/PERFORMANCE.md, "On a 16-core machine"): the simulated round against the one-process,
 # held-pull, quick-pull and warm deployed rounds of the FMNIST preset (20 SuperNodes, 5 training
 # and 5 evaluating a round, one thread per client), in that order (the last one measured there
-# before), in one call whose parts each run under their own time limit, so a part that stalls cannot take
-# the others' time and what finished is kept.
+# before), in one call whose parts each run under their own time limit, so a part that stalls
+# cannot take the others' time and what finished is kept.
 #
 #   bash deploy/lent-machine.sh pack DIR   # here: DIR/site.tar.xz (deploy/offline-site.sh, 28 MB)
 #                                          # and DIR/fmnist/*.xz (Fashion-MNIST, 26 MB)

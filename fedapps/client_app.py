@@ -7,7 +7,7 @@ Data is loaded and partitioned once per process and kept in memory.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +69,7 @@ class DeferredClient(NumPyClient):
     nodes was most of the start-up (docs/PERFORMANCE.md, "Large federations")."""
 
     def __init__(self, partition_id: int, data: Any, build: Callable[[], NumPyClient],
-                 made: Sequence[float] | None = None,
+                 made: tuple[float, float, float] | None = None,
                  stamps: Mapping[str, float] | None = None) -> None:
         self.partition_id, self.data, self.build = partition_id, data, build
         self.made = made  # client_clocks() when client_fn began, for timing

@@ -61,15 +61,14 @@ def client_clocks() -> tuple[float, float, float]:
     return time.time(), time.perf_counter(), time.thread_time()
 
 
-def client_timing(clocks: Sequence[float],
+def client_timing(clocks: tuple[float, float, float],
                   stamps: Mapping[str, float] | None = None) -> dict[str, float]:
     """The metrics a client adds to an answer, from `clocks` at its call's start
-    (client_clocks(); without the third, the CPU seconds are not reported): its start
-    (time.time()), length and CPU seconds, and the warm ClientApp's stamps of the task where
-    it has them."""
-    cpu = {CLIENT_CPU: time.thread_time() - clocks[2]} if len(clocks) > 2 else {}
-    return {**(stamps or {}), CLIENT_START: clocks[0],
-            CLIENT_SECONDS: time.perf_counter() - clocks[1], **cpu}
+    (client_clocks()): its start (time.time()), length and CPU seconds, and the warm
+    ClientApp's stamps of the task where it has them."""
+    wall, started, cpu = clocks
+    return {**(stamps or {}), CLIENT_START: wall, CLIENT_SECONDS: time.perf_counter() - started,
+            CLIENT_CPU: time.thread_time() - cpu}
 
 
 def is_number(v: Any) -> bool:
